@@ -1,0 +1,6 @@
+"""python -m engine generate | chat | bench"""
+
+from engine.cli.main import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""Per-step attention metadata, built once by the model runner and shared by every layer.
+
+The flattened batch holds the tokens of prefilling sequences first, then one token
+per decoding sequence. K/V of this step's tokens are written into the paged cache
+at ``slot_mapping`` before attention reads them back through the block tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillSeq:
+    """One sequence's prompt chunk in this step (CPU path)."""
+
+    query_start: int  # row of its first query token in the flat batch
+    query_len: int
+    context_len: int  # tokens in the cache after this step's write, including the chunk
+    context_slots: torch.Tensor | None  # [context_len] cache slots; None when nothing came before
+
+
+@dataclass
+class DecodeGroup:
+    """Decoding sequences of similar context length, padded to the group's longest (CPU path)."""
+
+    row_start: int  # rows [row_start, row_end) of the flat batch
+    row_end: int
+    block_tables: torch.Tensor  # [g, max_blocks_in_group] long
+    mask: torch.Tensor  # [g, 1, 1, max_blocks_in_group * block_size] bool, True = attend
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    # CPU path
+    prefills: list[PrefillSeq] = field(default_factory=list)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    # Triton path
+    prefill_block_tables: torch.Tensor | None = None  # [Np, max_blocks] int32
+    prefill_cu_query_lens: torch.Tensor | None = None  # [Np + 1] int32
+    prefill_context_lens: torch.Tensor | None = None  # [Np] int32
+    prefill_max_query_len: int = 0
+    decode_block_tables: torch.Tensor | None = None  # [Nd, max_blocks] int32
+    decode_context_lens: torch.Tensor | None = None  # [Nd] int32

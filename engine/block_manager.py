@@ -1,0 +1,158 @@
+"""The paged KV cache's bookkeeping: block tables, reference counts, a free list, prefix caching.
+
+No tensors live here: a block is an index into the pool the model runner allocated
+once at start-up. Full blocks are keyed by a chained hash of their token ids
+(parent block's hash + this block's tokens), so two requests with the same prefix
+map it to the same physical blocks. A block whose reference count drops to zero
+keeps its hash and stays reusable until it is evicted, least-recently-used first.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+
+import xxhash
+
+from engine.sequence import Sequence
+
+_NO_PARENT = 0
+
+
+def hash_block_tokens(parent_hash: int, token_ids: list[int]) -> int:
+    """128-bit chained hash of one full block (collisions are not a practical concern)."""
+    h = xxhash.xxh3_128()
+    h.update(parent_hash.to_bytes(16, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return h.intdigest()
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Blocks with ref_count 0, in eviction order (front = evicted first).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by live requests (cached-but-free blocks count as free)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        """Blocks already in the cache for the longest full-block prefix of ``seq``.
+
+        At least one token is always left to compute, because the step that
+        computes it produces the logits of the next token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        num_full = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        parent = _NO_PARENT
+        bs = self.block_size
+        for i in range(num_full):
+            parent = hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            block_id = self._cached.get(parent)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_queried_tokens += num_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
+
+    # ----------------------------------------------------------------- writes
+    def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        """Give ``seq`` blocks for ``computed_blocks`` plus ``num_new_tokens`` more tokens.
+
+        Returns False, changing nothing, when the pool cannot supply them.
+        """
+        bs = self.block_size
+        num_tokens = seq.num_computed_tokens + len(computed_blocks) * bs + num_new_tokens
+        num_needed = self.num_blocks_for(num_tokens) - len(seq.block_table) - len(computed_blocks)
+        # Hit blocks nobody references sit in the free list: taking them shrinks it.
+        num_revived = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
+        if num_needed > len(self._free) - num_revived:
+            return False
+        for block_id in computed_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block.block_hash)
+        for _ in range(max(num_needed, 0)):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:  # evict its cached content
+                if self._cached.get(block.block_hash) == block_id:
+                    del self._cached[block.block_hash]
+                block.block_hash = None
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register every block of ``seq`` that became full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        parent = seq.block_hashes[-1] if seq.block_hashes else _NO_PARENT
+        for i in range(len(seq.block_hashes), num_full):
+            parent = hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            seq.block_hashes.append(parent)
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is None and parent not in self._cached:
+                block.block_hash = parent
+                self._cached[parent] = block.block_id
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; its tail blocks become the first candidates for eviction."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.block_hash is None:  # nothing worth keeping: reuse it first
+                    self._free.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.blocks:
+            if block.ref_count == 0:
+                block.block_hash = None
+        self._cached = {h: b for h, b in self._cached.items() if self.blocks[b].ref_count > 0}
+
+    def check_all_free(self) -> None:
+        """Raise if any block is still referenced (used by tests and on shutdown)."""
+        held = [b.block_id for b in self.blocks if b.ref_count]
+        if held or len(self._free) != self.num_blocks:
+            raise AssertionError(f"blocks still referenced: {held[:10]} (free {len(self._free)}"
+                                 f" of {self.num_blocks})")

@@ -1,0 +1,114 @@
+"""Turns a scheduler decision into the flat tensors of one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.scheduler import ScheduledSequence
+
+DECODE_GROUP_SIZE = 16  # decodes are padded per group of similar lengths, not to the batch max
+
+
+@dataclass
+class InputBatch:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor  # [S] rows of the flat batch whose next token is sampled
+    sampling: list[ScheduledSequence]  # the S entries, in the same order
+
+
+def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
+                      use_triton: bool) -> InputBatch:
+    prefills = [e for e in entries if e.num_new_tokens > 1]
+    decodes = sorted((e for e in entries if e.num_new_tokens == 1),
+                     key=lambda e: e.start)  # by context length
+    ordered = prefills + decodes
+
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logits_rows: list[int] = []
+    sampling: list[ScheduledSequence] = []
+    for e in ordered:
+        table = e.seq.block_table
+        end = e.start + e.num_new_tokens
+        input_ids.extend(e.seq.token_ids[e.start:end])
+        positions.extend(range(e.start, end))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(e.start, end))
+        if e.is_sampling:
+            logits_rows.append(len(input_ids) - 1)
+            sampling.append(e)
+
+    num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
+    meta = AttentionMetadata(
+        slot_mapping=_tensor(slots, device),
+        num_prefill_tokens=num_prefill_tokens,
+        num_decode_tokens=len(decodes),
+    )
+    if use_triton:
+        _fill_triton_metadata(meta, prefills, decodes, block_size, device)
+    else:
+        _fill_torch_metadata(meta, prefills, decodes, block_size, device)
+    return InputBatch(
+        input_ids=_tensor(input_ids, device),
+        positions=_tensor(positions, device),
+        meta=meta,
+        logits_rows=_tensor(logits_rows, device),
+        sampling=sampling,
+    )
+
+
+def _fill_torch_metadata(meta, prefills, decodes, block_size, device) -> None:
+    row = 0
+    for e in prefills:
+        context_len = e.start + e.num_new_tokens
+        context_slots = None
+        if e.start > 0:
+            blocks = torch.tensor(e.seq.block_table[:-(-context_len // block_size)], dtype=torch.long)
+            offsets = torch.arange(block_size, dtype=torch.long)
+            context_slots = (blocks[:, None] * block_size + offsets).flatten()[:context_len].to(device)
+        meta.prefills.append(PrefillSeq(row, e.num_new_tokens, context_len, context_slots))
+        row += e.num_new_tokens
+    for g in range(0, len(decodes), DECODE_GROUP_SIZE):
+        group = decodes[g:g + DECODE_GROUP_SIZE]
+        context_lens = [e.start + 1 for e in group]
+        num_blocks = -(-max(context_lens) // block_size)
+        tables = [e.seq.block_table[:num_blocks] + [0] * (num_blocks - len(e.seq.block_table[:num_blocks]))
+                  for e in group]
+        lens = torch.tensor(context_lens, dtype=torch.long)
+        mask = torch.arange(num_blocks * block_size) < lens[:, None]  # [g, L]
+        meta.decode_groups.append(DecodeGroup(
+            row_start=g, row_end=g + len(group),
+            block_tables=_tensor(tables, device),
+            mask=mask[:, None, None, :].to(device),
+        ))
+
+
+def _fill_triton_metadata(meta, prefills, decodes, block_size, device) -> None:
+    if prefills:
+        cu = [0]
+        for e in prefills:
+            cu.append(cu[-1] + e.num_new_tokens)
+        meta.prefill_cu_query_lens = _tensor(cu, device, torch.int32)
+        meta.prefill_context_lens = _tensor([e.start + e.num_new_tokens for e in prefills], device,
+                                            torch.int32)
+        meta.prefill_block_tables = _padded_tables(prefills, device)
+        meta.prefill_max_query_len = max(e.num_new_tokens for e in prefills)
+    if decodes:
+        meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
+        meta.decode_block_tables = _padded_tables(decodes, device)
+
+
+def _padded_tables(entries, device) -> torch.Tensor:
+    width = max(len(e.seq.block_table) for e in entries)
+    return _tensor([e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in entries],
+                   device, torch.int32)
+
+
+def _tensor(data, device, dtype=torch.long) -> torch.Tensor:
+    t = torch.tensor(data, dtype=dtype)
+    return t.to(device, non_blocking=True) if t.device != device else t

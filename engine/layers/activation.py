@@ -1,0 +1,21 @@
+"""SiLU(gate) * up over a fused [gate | up] projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def __init__(self, use_triton: bool = False):
+        super().__init__()
+        self.use_triton = use_triton
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, 2 * I] -> [T, I]."""
+        if self.use_triton:
+            from engine.kernels.activation import silu_and_mul
+            return silu_and_mul(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,98 @@
+"""Paged attention: write this step's K/V into the block pool, then attend through block tables.
+
+Two implementations share one interface: plain PyTorch (CPU, and any device as a
+fallback) and the Triton kernels of ``engine.kernels`` (CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_triton: bool = False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = head_dim ** -0.5
+        self.use_triton = use_triton
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; cache tensors: [num_blocks, block_size, KVH, D].
+
+        Returns [T, H, D].
+        """
+        if self.use_triton:
+            return self._forward_triton(q, k, v, kv_cache, meta)
+        k_cache, v_cache = kv_cache
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        k_flat = k_cache.view(num_slots, self.num_kv_heads, self.head_dim)
+        v_flat = v_cache.view(num_slots, self.num_kv_heads, self.head_dim)
+        k_flat.index_copy_(0, meta.slot_mapping, k)
+        v_flat.index_copy_(0, meta.slot_mapping, v)
+
+        out = torch.empty_like(q)
+        for p in meta.prefills:
+            rows = slice(p.query_start, p.query_start + p.query_len)
+            if p.context_slots is None:  # the chunk is the whole context: attend to it directly
+                out[rows] = self._prefill(q[rows], k[rows], v[rows], 0)
+            else:
+                out[rows] = self._prefill(q[rows], k_flat[p.context_slots], v_flat[p.context_slots],
+                                          p.context_len - p.query_len)
+        n = meta.num_prefill_tokens
+        for g in meta.decode_groups:
+            rows = slice(n + g.row_start, n + g.row_end)
+            out[rows] = self._decode(q[rows], k_cache, v_cache, g)
+        return out
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
+        """q: [n, H, D]; k, v: [ctx, KVH, D] with ctx = offset + n; causal with that offset."""
+        n, ctx = q.shape[0], k.shape[0]
+        q = q.transpose(0, 1)  # [H, n, D]
+        k = k.transpose(0, 1).repeat_interleave(self.group, dim=0)  # [H, ctx, D]
+        v = v.transpose(0, 1).repeat_interleave(self.group, dim=0)
+        if offset == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        else:
+            rows = torch.arange(n, device=q.device).unsqueeze(1) + offset
+            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows  # [n, ctx]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        return o.transpose(0, 1)
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g) -> torch.Tensor:
+        """q: [B, H, D], one token per sequence, attending to its whole cached context."""
+        b = q.shape[0]
+        bs = k_cache.shape[1]
+        length = g.block_tables.shape[1] * bs
+        # [B, blocks, bs, KVH, D] -> [B, KVH, L, D]
+        k = k_cache[g.block_tables].view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v_cache[g.block_tables].view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # The `group` query heads sharing a KV head act as `group` query rows: no K/V repeat.
+        q = q.view(b, self.num_kv_heads, self.group, self.head_dim)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=self.scale)
+        return o.reshape(b, self.num_heads, self.head_dim)
+
+    def _forward_triton(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        from engine.kernels.attention_decode import paged_decode_attention
+        from engine.kernels.attention_prefill import paged_prefill_attention
+        from engine.kernels.cache import reshape_and_cache
+
+        k_cache, v_cache = kv_cache
+        reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        n = meta.num_prefill_tokens
+        if n:
+            out[:n] = paged_prefill_attention(
+                q[:n], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_query_lens,
+                meta.prefill_context_lens, self.scale, meta.prefill_max_query_len)
+        if meta.num_decode_tokens:
+            out[n:] = paged_decode_attention(
+                q[n:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale)
+        return out

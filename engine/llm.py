@@ -1,0 +1,104 @@
+"""The offline Python API: ``LLM("smollm2").generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+
+from engine.config import EngineConfig
+from engine.errors import InvalidParameterError
+from engine.llm_engine import LLMEngine
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import apply_chat_template
+
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+class LLM:
+    def __init__(self, model: str, *, progress: Callable[[int, int], None] | None = None, **config):
+        unknown = sorted(set(config) - _CONFIG_FIELDS)
+        if unknown:
+            raise InvalidParameterError(unknown[0], f"unknown engine setting; known: {sorted(_CONFIG_FIELDS)}")
+        self.engine = LLMEngine(EngineConfig(model=model, **config), progress=progress)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+        """Run every prompt to completion in one continuous batch; results in input order."""
+        prompts = _as_prompt_list(prompts)
+        params_list = _as_params_list(params, len(prompts))
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        results: dict[str, CompletionOutput] = {}
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            prompt_ids = self.engine.encode_prompt(prompt)
+            self.engine.add_request(rid, prompt_ids, p)
+            results[rid] = CompletionOutput(rid, prompt if isinstance(prompt, str) else None,
+                                            prompt_ids, "", [], None,
+                                            logprobs=[] if p.logprobs is not None else None)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                _accumulate(results[out.request_id], out)
+        return [results[rid] for rid in ids]
+
+    def chat(self, messages: list[dict] | Sequence[list[dict]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+        """Apply the model's chat template to one conversation or several, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [apply_chat_template(self.tokenizer, conv) for conv in conversations]
+        return self.generate(prompts, params)
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None
+               ) -> Iterator[RequestOutput]:
+        """Yield one request's deltas as they are produced."""
+        rid = f"stream-{next(self._ids)}"
+        self.engine.add_request(rid, prompt, params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            if rid in self.engine._requests:
+                self.engine.abort_request(rid)
+                self.engine.step()
+
+
+def _accumulate(result: CompletionOutput, out: RequestOutput) -> None:
+    result.text += out.text_delta
+    result.token_ids.extend(out.token_ids_delta)
+    if result.logprobs is not None and out.logprobs_delta:
+        result.logprobs.extend(out.logprobs_delta)
+    result.num_cached_tokens = out.num_cached_tokens
+    result.metrics = out.metrics
+    if out.finished:
+        result.finish_reason = out.finish_reason
+        result.stop_reason = out.stop_reason
+
+
+def _as_prompt_list(prompts) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise InvalidParameterError("prompts", "must be a string, a list of token ids, or a non-empty list of those")
+    return list(prompts)
+
+
+def _as_params_list(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise InvalidParameterError("params", f"got {len(params)} SamplingParams for {n} prompts")
+    return params

@@ -1,0 +1,225 @@
+"""The step-level engine: add requests, step, read per-request deltas; abort at any time."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
+from engine.model_runner import ModelRunner
+from engine.models.loader import iter_weights, load_model_config
+from engine.models.registry import resolve_model_path
+from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float  # fraction of blocks held by live requests
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    num_prompt_tokens: int  # prompt tokens computed (not served by the prefix cache), all time
+    num_generation_tokens: int  # tokens generated, all time
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    metrics: RequestMetrics
+    max_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: Callable[[int, int], None] | None = None):
+        self.config = config
+        path = resolve_model_path(config.model)
+        self.model_path = path
+        self.model_config = load_model_config(path)
+        self.tokenizer = load_tokenizer(path)
+        model_len = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > model_len:
+            raise InvalidParameterError(
+                "max_model_len", f"{config.max_model_len} exceeds the model's context length {model_len}")
+        self.max_model_len = config.max_model_len or model_len
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(eos)
+        self.runner = ModelRunner(config, self.model_config, self.max_model_len,
+                                  iter_weights(path, self.model_config), self.eos_token_ids, progress)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   policy=config.scheduling_policy)
+        self._requests: dict[str, _Request] = {}
+        self._pending: list[RequestOutput] = []  # aborts, reported by the next step()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None, *, priority: int = 0,
+                    arrival_time: float | None = None) -> int:
+        """Queue a request; returns its prompt length. Raises if it can never be served."""
+        if request_id in self._requests:
+            raise InvalidParameterError("request_id", f"{request_id!r} is already in use")
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameterError("params", "must be a SamplingParams")
+        if not isinstance(priority, int):
+            raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
+        prompt_ids = self.encode_prompt(prompt)
+        max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
+        seq = Sequence(request_id, prompt_ids, params, priority=priority, arrival_time=arrival_time)
+        detok = IncrementalDetokenizer(
+            self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
+        self._requests[request_id] = _Request(seq, detok, RequestMetrics(seq.arrival_time), max_tokens)
+        self.runner.add_request(request_id, params.seed)
+        self.scheduler.add(seq)
+        return len(prompt_ids)
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
+            ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidParameterError("prompt", f"token ids out of range [0, {vocab}): {bad[:5]}")
+        else:
+            raise InvalidParameterError("prompt", "must be a string or a list of token ids")
+        if not ids:
+            raise InvalidParameterError("prompt", "must not be empty")
+        return ids
+
+    def _check_length(self, num_prompt: int, max_tokens: int | None) -> int:
+        limit = self.max_model_len
+        if max_tokens is None:
+            max_tokens = limit - num_prompt
+        if num_prompt + max_tokens > limit or max_tokens < 1:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt + max(max_tokens, 1)} tokens ({num_prompt} in the prompt, "
+                f"{max(max_tokens, 1)} in the completion). Please reduce the length of the prompt "
+                f"or completion.")
+        num_blocks = -(-(num_prompt + max_tokens) // self.config.block_size)
+        if num_blocks > self.block_manager.num_blocks:
+            capacity = self.block_manager.num_blocks * self.config.block_size
+            raise ContextLengthExceededError(
+                f"The KV cache holds {capacity} tokens in all, but this request needs up to "
+                f"{num_prompt + max_tokens} ({num_prompt} in the prompt, {max_tokens} in the "
+                f"completion). Please reduce the length of the prompt or completion.")
+        return max_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its blocks; the next step() reports it as aborted."""
+        req = self._requests.get(request_id)
+        if req is None:
+            raise RequestNotFoundError(request_id)
+        self._pending.append(self._finish(req, FinishReason.ABORT, None, [], None))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # ----------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        now = time.monotonic()
+        for entry in sched.scheduled:
+            metrics = self._requests[entry.seq.request_id].metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+            if entry.start < entry.seq.num_prompt_tokens:
+                self.num_prompt_tokens += min(entry.num_new_tokens,
+                                              entry.seq.num_prompt_tokens - entry.start)
+        sampled = self.runner.execute(sched.scheduled)
+        self.scheduler.update_after_step(sched)
+        now = time.monotonic()
+        for s in sampled:
+            seq = s.entry.seq
+            req = self._requests[seq.request_id]
+            seq.append_token(s.token_id)
+            self.num_generation_tokens += 1
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            stop_str = req.detokenizer.add_tokens([s.token_id])
+            reason, stop_reason = self._check_stop(req, s.token_id, stop_str)
+            logprobs = [s.logprob] if s.logprob is not None else None
+            if reason is not None:
+                outputs.append(self._finish(req, reason, stop_reason, [s.token_id], logprobs))
+            else:
+                outputs.append(self._output(req, req.detokenizer.get_delta(finished=False),
+                                            [s.token_id], logprobs, None, None))
+        return outputs
+
+    def _check_stop(self, req: _Request, token_id: int, stop_str: str | None):
+        seq, params = req.seq, req.seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return FinishReason.STOP, None
+            if token_id in params.stop_token_ids:
+                return FinishReason.STOP, token_id
+            if stop_str is not None:
+                return FinishReason.STOP, stop_str
+        if seq.num_output_tokens >= req.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    def _finish(self, req: _Request, reason: str, stop_reason, token_ids: list[int],
+                logprobs: list[TokenLogprob] | None) -> RequestOutput:
+        self.scheduler.remove(req.seq)
+        self.runner.remove_request(req.seq.request_id)
+        del self._requests[req.seq.request_id]
+        req.metrics.finished_time = time.monotonic()
+        delta = req.detokenizer.get_delta(finished=True)
+        return self._output(req, delta, token_ids, logprobs, reason, stop_reason)
+
+    @staticmethod
+    def _output(req: _Request, text: str, token_ids: list[int], logprobs, reason, stop_reason):
+        seq = req.seq
+        return RequestOutput(
+            request_id=seq.request_id, text_delta=text, token_ids_delta=token_ids,
+            finished=reason is not None, finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens, logprobs_delta=logprobs,
+            stop_reason=stop_reason, metrics=dataclasses.replace(req.metrics))
+
+    # ----------------------------------------------------------------- introspection
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks, kv_cache_usage=bm.usage,
+            prefix_cache_queried_tokens=bm.num_prefix_queried_tokens,
+            prefix_cache_hit_tokens=bm.num_prefix_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens)

@@ -1,0 +1,180 @@
+"""Owns the model and the KV block pool on one device; runs one scheduled step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from engine.input_batch import build_input_batch
+from engine.layers.sampler import Sampler
+from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import ModelConfig
+from engine.outputs import TokenLogprob
+from engine.sampling_metadata import SamplingMetadata
+from engine.scheduler import ScheduledSequence
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class SampledToken:
+    entry: ScheduledSequence
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
+                 weights, eos_token_ids: list[int],
+                 progress: Callable[[int, int], None] | None = None):
+        self.config = config
+        self.model_config = model_config
+        self.max_model_len = max_model_len
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.block_size = config.block_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.use_triton = (config.use_triton if config.use_triton is not None
+                           else self.device.type == "cuda")
+        with torch.device(self.device), _default_dtype(self.dtype):
+            self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
+        self.model.eval()
+        self.model.load_weights(_with_progress(weights, progress))
+        self.sampler = Sampler()
+        self.num_blocks = self._num_kv_blocks()
+        shape = (self.num_blocks, self.block_size, model_config.num_key_value_heads,
+                 model_config.head_dim)
+        # One allocation for the whole pool: [2, layers, blocks, block_size, kv_heads, head_dim].
+        self.kv_pool = torch.zeros((2, model_config.num_hidden_layers, *shape),
+                                   dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])
+                          for i in range(model_config.num_hidden_layers)]
+        self.generators: dict[str, torch.Generator] = {}
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
+                    self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                    self.kv_cache_bytes / 2**20, self.dtype, self.device)
+
+    # ----------------------------------------------------------------- memory
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return self.model_config.kv_bytes_per_token_per_byte_of_dtype * self.block_size * elem
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.config.kv_cache_memory is not None:
+            budget = self.config.kv_cache_memory
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used_elsewhere = total - free
+            budget = int(total * self.config.gpu_memory_utilization) - used_elsewhere
+            budget -= 2 * 2**30  # activations headroom until the profiling pass lands
+        else:
+            budget = DEFAULT_CPU_KV_CACHE_BYTES
+        # Never more than every running sequence at full length could use.
+        ceiling = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        num = min(budget // self.bytes_per_block, ceiling)
+        if num < 1:
+            raise MemoryError(f"the KV budget ({budget} bytes) does not hold one block "
+                              f"({self.bytes_per_block} bytes)")
+        return int(num)
+
+    # ----------------------------------------------------------------- step
+    def add_request(self, request_id: str, seed: int | None) -> None:
+        if seed is not None:
+            self.generators[request_id] = torch.Generator(self.device).manual_seed(seed)
+
+    def remove_request(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    @torch.inference_mode()
+    def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if not batch.sampling:
+            return []
+        logits = self.model.compute_logits(hidden[batch.logits_rows])  # [S, V]
+        meta = self._sampling_metadata(batch.sampling)
+        out = self.sampler(logits, meta)
+        token_ids = out.sampled_token_ids.tolist()
+        logprobs = self._logprobs(batch.sampling, out, token_ids)
+        return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
+
+    def _sampling_metadata(self, entries: list[ScheduledSequence]) -> SamplingMetadata:
+        params = [e.seq.params for e in entries]
+        needs_history = any(p.has_penalties for p in params)
+        suppress = []
+        for e in entries:
+            p = e.seq.params
+            if e.seq.num_output_tokens < p.min_tokens:
+                suppress.append(list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids))
+            else:
+                suppress.append([])
+        return SamplingMetadata.build(
+            params,
+            prompt_token_ids=[e.seq.prompt_token_ids if needs_history else [] for e in entries],
+            output_token_ids=[e.seq.output_token_ids if needs_history else [] for e in entries],
+            generators=[self.generators.get(e.seq.request_id) for e in entries],
+            suppress_token_ids=suppress,
+            device=self.device,
+        )
+
+    @staticmethod
+    def _logprobs(entries, out, token_ids: list[int]) -> list[TokenLogprob | None]:
+        if out.logprobs is None:
+            return [None] * len(entries)
+        chosen = out.logprobs.tolist()
+        top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
+        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        result: list[TokenLogprob | None] = []
+        for i, e in enumerate(entries):
+            n = e.seq.params.logprobs
+            if n is None:
+                result.append(None)
+                continue
+            top = list(zip(top_ids[i][:n], top_lps[i][:n])) if top_ids is not None and n else []
+            result.append(TokenLogprob(token_id=token_ids[i], logprob=chosen[i], top=top))
+        return result
+
+
+class _default_dtype:
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.previous)
+
+
+def _with_progress(weights, progress):
+    total = len(weights) if hasattr(weights, "__len__") else 0
+    for i, item in enumerate(weights, 1):
+        yield item
+        if progress is not None:
+            progress(i, total)

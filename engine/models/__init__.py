@@ -1,0 +1,1 @@
+"""Model families, their checkpoint loaders and the registry of names (no heavy imports here)."""

@@ -1,0 +1,195 @@
+"""GGUF files (llama.cpp): metadata -> ModelConfig, quantized tensors -> float32 in HF layout."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from engine.errors import ModelLoadError
+from engine.models.model_config import ModelConfig
+from engine.models.registry import supported_architecture
+
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
+LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
+PERMUTED_QK_ARCHITECTURES = ("llama",)
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[gguf_name]
+    match = LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match.group(2) not in LAYER_TENSORS:
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in our models")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{LAYER_TENSORS[part]}.{kind}"
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        return _cached_reader(str(path.resolve()), path.stat().st_mtime_ns)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+
+
+@lru_cache(maxsize=1)
+def _cached_reader(path: str, mtime_ns: int) -> GGUFReader:
+    # Parsing the metadata (tens of thousands of vocabulary strings) takes ~2 s; config and
+    # weights loading both need it. The tensors stay memory-mapped, so keeping one costs no RAM.
+    return GGUFReader(path)
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _float(value) -> float:
+    """GGUF stores float32; the shortest decimal that round-trips it (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _single(value, key: str) -> int:
+    """Per-layer arrays (e.g. head_count_kv) are allowed when every layer agrees."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ModelLoadError(f"GGUF {key} varies per layer ({value}); not supported")
+        value = value[0]
+    return int(value)
+
+
+def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if kind is None and _field(reader, f"{arch}.rope.scale_linear") is not None:
+        kind, factor = "linear", _field(reader, f"{arch}.rope.scale_linear")
+    if kind in (None, "none"):
+        return None
+    scaling = {"rope_type": kind, "factor": _float(factor)}
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"GGUF rope scaling type {kind!r} is not supported")
+    return scaling
+
+
+def load_gguf_config(path: Path) -> ModelConfig:
+    reader = _open(path)
+    gguf_arch = _field(reader, "general.architecture")
+    architecture = supported_architecture(gguf_arch, where=f"GGUF file {str(path)!r}")
+    tensor_names = {tensor.name for tensor in reader.tensors}
+    if "rope_freqs.weight" in tensor_names:
+        # Llama 3.1-style scaling is stored only as precomputed per-frequency factors, from which
+        # the HF rope_scaling parameters cannot be recovered exactly.
+        raise ModelLoadError(
+            f"GGUF file {str(path)!r} uses rope_freqs (Llama 3.1 rope scaling), which is not "
+            f"supported from GGUF; load the Hugging Face safetensors checkpoint instead")
+
+    if "blk.0.attn_output.bias" in tensor_names:
+        raise ModelLoadError(f"GGUF file {str(path)!r}: an attn_output bias is not supported")
+
+    def key(name: str, default=None):
+        value = _field(reader, f"{gguf_arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"GGUF file {str(path)!r} lacks {gguf_arch}.{name}")
+        return value
+
+    hidden_size = int(key("embedding_length"))
+    num_heads = _single(key("attention.head_count"), "attention.head_count")
+    num_kv_heads = _single(key("attention.head_count_kv", num_heads), "attention.head_count_kv")
+    head_dim = int(key("attention.key_length", hidden_size // num_heads))
+    rotary_dim = int(key("rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:
+        raise ModelLoadError(
+            f"GGUF file {str(path)!r}: partial rotary ({rotary_dim} of {head_dim}) not supported")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab_size = _field(reader, f"{gguf_arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    if vocab_size is None:
+        vocab_size = int(next(t.shape[-1] for t in reader.tensors if t.name == "token_embd.weight"))
+    # A chat model's end-of-turn token (Llama 3's <|eot_id|>) stops generation like eos does.
+    eos_ids = [_field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    try:
+        return ModelConfig(
+            architecture=architecture,
+            vocab_size=int(vocab_size),
+            hidden_size=hidden_size,
+            intermediate_size=_single(key("feed_forward_length"), "feed_forward_length"),
+            num_hidden_layers=int(key("block_count")),
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_float(key("attention.layer_norm_rms_epsilon")),
+            rope_theta=_float(key("rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(reader, gguf_arch),
+            max_position_embeddings=int(key("context_length")),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            attention_bias="blk.0.attn_q.bias" in tensor_names,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=list(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
+            torch_dtype=None,  # tensors are quantized; we dequantize to float32
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"GGUF file {str(path)!r}: {exc}") from exc
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's convert_hf_to_gguf `permute` of Q/K rows (same as transformers' GGUF loader).
+
+    llama.cpp stores each head's rows as interleaved (x0, x1) rotary pairs; HF keeps the two
+    rotary halves contiguous. weight: [num_heads * head_dim, ...] (a bias is [num_heads * head_dim]).
+    """
+    half = weight.shape[0] // num_heads // 2
+    # [num_heads, half, 2, ...] -> [num_heads, 2, half, ...]
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+class GGUFWeights:
+    """Tensors of a GGUF file, each dequantized to float32 only when iterated."""
+
+    def __init__(self, path: Path, config: ModelConfig):
+        self._reader = _open(path)
+        self._config = config
+        self._permutes_qk = _field(self._reader, "general.architecture") in PERMUTED_QK_ARCHITECTURES
+        self._tensors = [(hf_tensor_name(t.name), t) for t in self._reader.tensors]
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._tensors:
+            # GGUF shapes list the fastest-varying dimension first; HF's [out, in] is the reverse.
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            if not array.flags.writeable:  # a view into the read-only memory map
+                array = array.copy()
+            weight = torch.from_numpy(array).reshape(shape)
+            if self._permutes_qk and ".self_attn.q_proj." in name:
+                weight = unpermute_qk(weight, self._config.num_attention_heads)
+            elif self._permutes_qk and ".self_attn.k_proj." in name:
+                weight = unpermute_qk(weight, self._config.num_key_value_heads)
+            yield name, weight.contiguous()

@@ -1,0 +1,162 @@
+"""Hugging Face checkpoint directories: config.json and *.safetensors shards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import ModelLoadError
+from engine.models.model_config import ModelConfig
+from engine.models.registry import supported_architecture
+
+INDEX_FILE = "model.safetensors.index.json"
+LM_HEAD = "lm_head.weight"
+# Buffers some old checkpoints saved that the model recomputes.
+SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {str(path)!r}: {exc}") from exc
+
+
+def _token_ids(value) -> list[int]:
+    """config `eos_token_id` may be null, an int or a list of ints."""
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _tokenizer_eos_id(directory: Path) -> int | None:
+    """The id of tokenizer_config.json's eos_token, looked up in tokenizer.json (no tokenizer load)."""
+    config_file, tokenizer_file = directory / "tokenizer_config.json", directory / "tokenizer.json"
+    if not (config_file.is_file() and tokenizer_file.is_file()):
+        return None
+    eos = _read_json(config_file).get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if not isinstance(eos, str):
+        return None
+    tokenizer = _read_json(tokenizer_file)
+    for added in tokenizer.get("added_tokens", []):
+        if added.get("content") == eos:
+            return int(added["id"])
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    return vocab.get(eos) if isinstance(vocab, dict) else None
+
+
+def _rope(config: dict) -> tuple[float, dict | None]:
+    """rope_theta and rope_scaling in HF form, from either the v4 keys or v5 `rope_parameters`."""
+    parameters = dict(config.get("rope_parameters") or {})
+    theta = config.get("rope_theta", parameters.get("rope_theta", 10000.0))
+    scaling = dict(config.get("rope_scaling") or {})
+    if not scaling:
+        scaling = {k: v for k, v in parameters.items() if k != "rope_theta"}
+    legacy_type = scaling.pop("type", None)
+    scaling.setdefault("rope_type", legacy_type or "default")
+    scaling.pop("rope_theta", None)
+    if scaling["rope_type"] == "default":
+        return float(theta), None
+    return float(theta), scaling
+
+
+def weight_files(directory: Path) -> dict[str, Path]:
+    """Tensor name -> shard file, from the index json when there is one, else every shard's header."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map") or {}
+        return {name: directory / file for name, file in weight_map.items()}
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"model directory {str(directory)!r} contains no *.safetensors weights")
+    names: dict[str, Path] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as shard:
+            names.update((name, file) for name in shard.keys())
+    return names
+
+
+def load_hf_config(directory: Path) -> ModelConfig:
+    config = _read_json(directory / "config.json")
+    generation_file = directory / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else {}
+    architecture_name = (config.get("architectures") or [config.get("model_type")])[0]
+    architecture = supported_architecture(
+        architecture_name, where=str(directory / "config.json"))
+    if config.get("mlp_bias"):
+        raise ModelLoadError(f"{str(directory)!r}: mlp_bias=true is not supported")
+
+    names = weight_files(directory)
+    if "model.layers.0.self_attn.o_proj.bias" in names:
+        # ModelConfig.attention_bias covers q/k/v (Qwen2); Llama's attention_bias also biases o_proj.
+        raise ModelLoadError(f"{str(directory)!r}: an o_proj bias is not supported")
+    hidden_size = config["hidden_size"]
+    num_heads = config["num_attention_heads"]
+    rope_theta, rope_scaling = _rope(config)
+    max_positions = config.get("max_position_embeddings", 2048)
+    # Mistral/Qwen2 sliding-window attention equals full attention while the sequence fits the
+    # window, so limiting the context to the window keeps full attention exact.
+    window = config.get("sliding_window")
+    if window and config.get("use_sliding_window", architecture == "mistral"):
+        max_positions = min(max_positions, window)
+
+    eos_ids = _token_ids(config.get("eos_token_id")) + _token_ids(generation.get("eos_token_id"))
+    tokenizer_eos = _tokenizer_eos_id(directory)
+    if tokenizer_eos is not None:
+        eos_ids.append(tokenizer_eos)
+    bos = config.get("bos_token_id", generation.get("bos_token_id"))
+    try:
+        return ModelConfig(
+            architecture=architecture,
+            vocab_size=config["vocab_size"],
+            hidden_size=hidden_size,
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or hidden_size // num_heads,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings")) or LM_HEAD not in names,
+            attention_bias="model.layers.0.self_attn.q_proj.bias" in names,
+            bos_token_id=bos,
+            eos_token_ids=list(dict.fromkeys(eos_ids)),
+            torch_dtype=config.get("dtype") or config.get("torch_dtype"),
+        )
+    except KeyError as exc:
+        raise ModelLoadError(f"{str(directory / 'config.json')!r} lacks {exc.args[0]!r}") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{str(directory / 'config.json')!r}: {exc}") from exc
+
+
+class SafetensorsWeights:
+    """Tensors of a safetensors checkpoint, read one at a time from memory-mapped shards."""
+
+    def __init__(self, directory: Path, config: ModelConfig):
+        names = weight_files(directory)
+        skip = {LM_HEAD} if config.tie_word_embeddings else set()
+        self._by_file: dict[Path, list[str]] = {}
+        for name, file in names.items():
+            if name in skip or name.endswith(SKIPPED_SUFFIXES):
+                continue
+            self._by_file.setdefault(file, []).append(name)
+        self._count = sum(len(v) for v in self._by_file.values())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for file, names in self._by_file.items():
+            with safe_open(file, framework="pt") as shard:
+                for name in names:
+                    yield name, shard.get_tensor(name)

@@ -1,0 +1,129 @@
+"""Per-step sampling parameters of a batch, packed into device tensors once.
+
+The model runner builds one ``SamplingMetadata`` per step for the S sequences
+that sample; ``engine.layers.sampler.Sampler`` consumes it. Python-side flags
+let the sampler skip every feature no row in the batch uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+# (row ids [N] long, token ids [N] long): one entry per (row, token) occurrence
+TokenIndex = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [S] float32, 0 for greedy rows
+    top_k: torch.Tensor  # [S] long, 0 = off
+    top_p: torch.Tensor  # [S] float32, 1 = off
+    min_p: torch.Tensor  # [S] float32, 0 = off
+    repetition_penalty: torch.Tensor  # [S] float32, 1 = off
+    presence_penalty: torch.Tensor  # [S] float32, 0 = off
+    frequency_penalty: torch.Tensor  # [S] float32, 0 = off
+    # per row: a seeded generator on the logits' device, or None for the shared RNG
+    generators: list[torch.Generator | None]
+    prompt_token_ids: list[list[int]]
+    output_token_ids: list[list[int]]
+    suppress_token_ids: list[list[int]]  # logits forced to -inf this step (min_tokens)
+    max_num_logprobs: int | None  # None: no row asked for logprobs
+    max_top_k: int  # largest top_k of a random row, 0 if none
+    all_greedy: bool
+    all_random: bool
+    no_top_k: bool
+    no_top_p: bool
+    no_min_p: bool
+    no_penalties: bool
+    seeded_rows: list[int]  # random rows that draw from their own generator
+    all_random_seeded: bool  # no random row uses the shared RNG
+    # Device-side flattened token lists, built only when some row needs them:
+    # prompt + output tokens of the rows with a repetition penalty, and output
+    # tokens of the rows with a presence or frequency penalty.
+    repetition_token_index: TokenIndex | None
+    output_token_index: TokenIndex | None
+    suppress_token_index: TokenIndex | None
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        suppress_token_ids: list[list[int]],
+        device: torch.device | str,
+    ) -> SamplingMetadata:
+        num_rows = len(params)
+        assert len(prompt_token_ids) == len(output_token_ids) == len(generators) \
+            == len(suppress_token_ids) == num_rows
+        greedy = [p.is_greedy for p in params]
+        # Truncation knobs of greedy rows are irrelevant: neutralise them so the
+        # flags below only look at rows that actually sample.
+        floats = [
+            [0.0 if g else float(p.temperature) for p, g in zip(params, greedy)],
+            [1.0 if g else float(p.top_p) for p, g in zip(params, greedy)],
+            [0.0 if g else float(p.min_p) for p, g in zip(params, greedy)],
+            [float(p.repetition_penalty) for p in params],
+            [float(p.presence_penalty) for p in params],
+            [float(p.frequency_penalty) for p in params],
+        ]
+        top_k = [0 if g else p.top_k for p, g in zip(params, greedy)]
+        # [6, S]: one host-to-device copy for every float field
+        float_table = torch.tensor(floats, dtype=torch.float32, device=device)
+        temperature, top_p, min_p, rep, presence, frequency = float_table.unbind(0)
+
+        has_rep = [p.repetition_penalty != 1.0 for p in params]
+        has_additive = [p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params]
+        requested = [p.logprobs for p in params if p.logprobs is not None]
+        seeded_rows = [i for i, (g, gen) in enumerate(zip(greedy, generators))
+                       if not g and gen is not None]
+
+        return cls(
+            temperature=temperature,
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=rep,
+            presence_penalty=presence,
+            frequency_penalty=frequency,
+            generators=list(generators),
+            prompt_token_ids=prompt_token_ids,
+            output_token_ids=output_token_ids,
+            suppress_token_ids=suppress_token_ids,
+            max_num_logprobs=max(requested) if requested else None,
+            max_top_k=max(top_k, default=0),
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            no_top_k=not any(top_k),
+            no_top_p=all(x == 1.0 for x in floats[1]),
+            no_min_p=all(x == 0.0 for x in floats[2]),
+            no_penalties=not any(has_rep) and not any(has_additive),
+            seeded_rows=seeded_rows,
+            all_random_seeded=len(seeded_rows) == greedy.count(False),
+            repetition_token_index=_token_index(
+                [prompt + output if r else [] for prompt, output, r
+                 in zip(prompt_token_ids, output_token_ids, has_rep)], device)
+            if any(has_rep) else None,
+            output_token_index=_token_index(
+                [output if a else [] for output, a in zip(output_token_ids, has_additive)], device)
+            if any(has_additive) else None,
+            suppress_token_index=_token_index(suppress_token_ids, device)
+            if any(suppress_token_ids) else None,
+        )
+
+
+def _token_index(token_lists: list[list[int]], device: torch.device | str) -> TokenIndex:
+    """Flatten per-row token lists into (row ids [N], token ids [N]) on ``device``."""
+    lengths = [len(ids) for ids in token_lists]
+    total = sum(lengths)
+    tokens = torch.tensor(list(chain.from_iterable(token_lists)), dtype=torch.long, device=device)
+    counts = torch.tensor(lengths, dtype=torch.long, device=device)
+    rows = torch.arange(len(token_lists), device=device)
+    # output_size avoids a device-to-host sync on CUDA
+    return rows.repeat_interleave(counts, output_size=total), tokens

@@ -1,0 +1,172 @@
+"""The engine's public behaviour: requests in, deltas out, errors that name what was wrong."""
+
+import pytest
+
+from engine import (LLM, ContextLengthExceededError, InvalidParameterError, LLMEngine,
+                    RequestNotFoundError, SamplingParams)
+from engine.config import EngineConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return LLM(str(tiny_llama_dir), num_kv_blocks=64, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    return LLM(str(smollm2_path), num_kv_blocks=256, max_model_len=1024)
+
+
+def drain(engine: LLMEngine) -> dict[str, list]:
+    outs: dict[str, list] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).append(o)
+    return outs
+
+
+def test_generate_returns_results_in_input_order_with_text_and_finish_reason(tiny):
+    prompts = [[5, 6, 7], [8] * 30, [9, 10]]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5)]
+    outs = tiny.generate(prompts, params)
+    assert [len(o.token_ids) for o in outs] == [3, 9, 5]
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert all(o.finish_reason == "length" for o in outs)
+    assert outs[1].text == tiny.tokenizer.decode(outs[1].token_ids, skip_special_tokens=True)
+
+
+def test_streamed_deltas_join_to_the_final_text_including_non_ascii(smol):
+    prompt = [{"role": "user", "content": "Write the word 'café' and the emoji 🍰 three times, "
+                                          "then say 'naïve' in Japanese: ナイーブ."}]
+    from engine.tokenizer import apply_chat_template
+    ids = apply_chat_template(smol.tokenizer, prompt)
+    deltas = list(smol.stream(ids, SamplingParams(temperature=0, max_tokens=48)))
+    text = "".join(d.text_delta for d in deltas)
+    token_ids = [t for d in deltas for t in d.token_ids_delta]
+    assert text == smol.tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert any(ord(c) > 127 for c in text), text
+    assert all("\ufffd" not in d.text_delta for d in deltas)
+    assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
+
+
+def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(tiny):
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
+    alone = tiny.generate([[11, 12, 13]], seeded)[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    batch = tiny.generate([[40, 41], [11, 12, 13], [7] * 20], [others, seeded, others])
+    assert batch[1].token_ids == alone
+    different_seed = tiny.generate([[11, 12, 13]], SamplingParams(
+        temperature=1.0, max_tokens=12, seed=99, ignore_eos=True))[0].token_ids
+    assert different_seed != alone
+
+
+def test_stop_string_ends_output_and_is_excluded(smol):
+    from engine.tokenizer import apply_chat_template
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Count from 1 to 10, comma separated."}])
+    full = smol.generate(ids, SamplingParams(temperature=0, max_tokens=40))[0].text
+    assert "5" in full
+    stopped = smol.generate(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"]))[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == "5"
+    assert stopped.text == full[:full.index("5")]
+    deltas = list(smol.stream(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"])))
+    assert all("5" not in d.text_delta for d in deltas)
+
+
+def test_stop_token_ids_and_eos_end_the_request(tiny):
+    free = tiny.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+    target = free.token_ids[4]
+    stopped = tiny.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                        stop_token_ids=[target]))[0]
+    first = free.token_ids.index(target)
+    assert stopped.token_ids == free.token_ids[:first + 1]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == target
+
+
+def test_eos_stops_unless_ignore_eos(smol):
+    from engine.tokenizer import apply_chat_template
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Say yes."}])
+    stops = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
+    assert stops.finish_reason == "stop" and stops.token_ids[-1] == 2
+    ignores = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
+    assert ignores.finish_reason == "length" and len(ignores.token_ids) == 64
+
+
+def test_min_tokens_holds_back_eos(smol):
+    from engine.tokenizer import apply_chat_template
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Say yes."}])
+    short = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
+    held = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]
+    assert len(held.token_ids) >= len(short.token_ids) + 5
+    assert 2 not in held.token_ids[:len(short.token_ids) + 4]
+
+
+def test_logprobs_of_chosen_and_top_tokens(tiny):
+    out = tiny.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=4, logprobs=3,
+                                                    ignore_eos=True))[0]
+    assert len(out.logprobs) == 4
+    for token, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == token
+        assert len(lp.top) == 3
+        assert lp.top[0][0] == token  # greedy: the chosen token is the most likely
+        assert lp.logprob == pytest.approx(lp.top[0][1])
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+
+
+def test_abort_frees_blocks_and_is_reported_once(tiny):
+    engine = tiny.engine
+    engine.add_request("keep", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.add_request("drop", [4] * 40, SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.abort_request("drop")
+    outs = drain(engine)
+    assert outs["drop"][-1].finish_reason == "abort" and len(outs["drop"]) == 1
+    assert outs["keep"][-1].finish_reason == "length"
+    engine.block_manager.check_all_free()
+    with pytest.raises(RequestNotFoundError):
+        engine.abort_request("drop")
+
+
+def test_request_that_can_never_fit_is_rejected_at_admission(tiny):
+    with pytest.raises(ContextLengthExceededError, match="maximum context length is 256"):
+        tiny.engine.add_request("long", [1] * 200, SamplingParams(max_tokens=100))
+    # 64 blocks of 16 tokens = 1024 > 256, so use a tiny pool to hit the KV limit instead.
+    assert tiny.engine.num_unfinished_requests == 0
+
+
+def test_request_larger_than_the_whole_kv_pool_is_rejected(tiny_llama_dir):
+    llm = LLM(str(tiny_llama_dir), num_kv_blocks=4, max_model_len=256)
+    with pytest.raises(ContextLengthExceededError, match="KV cache holds 64 tokens"):
+        llm.engine.add_request("big", [1] * 60, SamplingParams(max_tokens=10))
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
+    (dict(max_tokens=0), "max_tokens"), (dict(min_p=1.5), "min_p"), (dict(logprobs=99), "logprobs"),
+    (dict(presence_penalty=3), "presence_penalty"), (dict(stop=[1]), "stop"),
+    (dict(min_tokens=9, max_tokens=3), "min_tokens"), (dict(repetition_penalty=0), "repetition_penalty"),
+])
+def test_bad_sampling_parameters_name_the_parameter(kwargs, param):
+    with pytest.raises(InvalidParameterError) as e:
+        SamplingParams(**kwargs)
+    assert e.value.param == param and param in str(e.value)
+
+
+def test_bad_engine_settings_and_prompts_name_the_parameter(tiny):
+    with pytest.raises(InvalidParameterError) as e:
+        EngineConfig(model="x", block_size=10)
+    assert e.value.param == "block_size"
+    with pytest.raises(InvalidParameterError) as e:
+        LLM("smollm2", max_num_seq=3)
+    assert e.value.param == "max_num_seq"
+    with pytest.raises(InvalidParameterError) as e:
+        tiny.engine.add_request("r", [1, 10**9])
+    assert e.value.param == "prompt"
+    with pytest.raises(InvalidParameterError) as e:
+        tiny.engine.add_request("r", [])
+    assert e.value.param == "prompt"
+    tiny.engine.add_request("dup", [1])
+    with pytest.raises(InvalidParameterError) as e:
+        tiny.engine.add_request("dup", [1])
+    assert e.value.param == "request_id"
+    tiny.engine.abort_request("dup")
+    drain(tiny.engine)
