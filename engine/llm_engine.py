@@ -87,6 +87,9 @@ class LLMEngine:
         if not isinstance(priority, int):
             raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
         prompt_ids = self.encode_prompt(prompt)
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidParameterError("stop_token_ids", f"token ids must be below the vocabulary size {vocab}")
         max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
         seq = Sequence(request_id, prompt_ids, params, priority=priority, arrival_time=arrival_time)
         detok = IncrementalDetokenizer(

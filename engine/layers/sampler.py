@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_metadata import SamplingMetadata, TokenIndex
+from engine.sampling_metadata import SamplingMetadata
 
 
 @dataclass
@@ -85,7 +85,7 @@ def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
     """Temperature, top-k, top-p, min-p, then the exponential race. Returns [S] long."""
     # greedy rows (temperature 0) divide by 1; their result is replaced by the argmax
     temperature = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
-    logits = logits
+    logits = logits / temperature.unsqueeze(1)
     if not meta.no_top_p:
         logits = _apply_top_k_top_p(logits, None if meta.no_top_k else meta.top_k, meta.top_p)
     elif not meta.no_top_k:

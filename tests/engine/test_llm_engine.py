@@ -84,7 +84,7 @@ def test_stop_token_ids_and_eos_end_the_request(tiny):
 
 def test_eos_stops_unless_ignore_eos(smol):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Say yes."}])
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     stops = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     assert stops.finish_reason == "stop" and stops.token_ids[-1] == 2
     ignores = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
@@ -93,7 +93,7 @@ def test_eos_stops_unless_ignore_eos(smol):
 
 def test_min_tokens_holds_back_eos(smol):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Say yes."}])
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     short = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     held = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]
     assert len(held.token_ids) >= len(short.token_ids) + 5

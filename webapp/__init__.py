@@ -1,0 +1,1 @@
+"""Pagoda's Django project: registry, keys, usage, the OpenAI API, chat, console, monitoring."""

@@ -1,0 +1,114 @@
+"""Settings shared by every deployment, read from the environment.
+
+Embedded mode (REDIS_URL unset): SQLite, an in-memory channel layer, Celery tasks run eagerly
+in the calling process. Distributed mode (REDIS_URL set): Redis carries the channel layer and
+the Celery broker; DATABASE_URL usually points at PostgreSQL.
+"""
+
+import os
+from pathlib import Path
+
+from webapp.config.env import database_from_url, env_bool, env_list
+
+BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root, where manage.py lives
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+DEBUG = env_bool(os.environ, "DEBUG", False)
+ALLOWED_HOSTS = env_list(os.environ, "ALLOWED_HOSTS", "127.0.0.1,localhost")
+PORT = int(os.environ.get("PORT", "8000"))
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver replaces Django's with an ASGI one
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "webapp.monitoring",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webapp.config.urls"
+WSGI_APPLICATION = "webapp.config.wsgi.application"
+ASGI_APPLICATION = "webapp.config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL"), BASE_DIR / "db.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+MEDIA_URL = "media/"
+MEDIA_ROOT = BASE_DIR / "media"
+
+REDIS_URL = os.environ.get("REDIS_URL") or None
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        },
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Read by webapp/config/celery.py through the CELERY_ namespace.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None  # embedded mode: tasks run in the caller
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"one_line": {"()": "webapp.config.logging.OneLineFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "one_line"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # Django's own loggers propagate to root; keep request noise at the chosen level.
+        "django": {"level": LOG_LEVEL},
+    },
+}

@@ -1,0 +1,8 @@
+"""pytest-django's settings: fast password hashing, fixed secret, no DEBUG."""
+
+from .base import *  # noqa: F403
+
+SECRET_KEY = "test-secret-key-not-for-deployment"
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -1,0 +1,9 @@
+"""Top-level URL map: one include per app."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("webapp.monitoring.urls")),
+    path("admin/", admin.site.urls),
+]
