@@ -28,7 +28,7 @@ class DecodeGroup:
 
     row_start: int  # rows [row_start, row_end) of the flat batch
     row_end: int
-    block_tables: torch.Tensor  # [g, max_blocks_in_group] long
+    flat_block_ids: torch.Tensor  # [g * max_blocks_in_group] long, row-major block tables
     mask: torch.Tensor  # [g, 1, 1, max_blocks_in_group * block_size] bool, True = attend
 
 
@@ -47,3 +47,4 @@ class AttentionMetadata:
     prefill_max_query_len: int = 0
     decode_block_tables: torch.Tensor | None = None  # [Nd, max_blocks] int32
     decode_context_lens: torch.Tensor | None = None  # [Nd] int32
+    workspace: object = None  # layers.attention.Workspace shared by every layer (CPU path)

@@ -83,7 +83,7 @@ def _fill_torch_metadata(meta, prefills, decodes, block_size, device) -> None:
         mask = torch.arange(num_blocks * block_size) < lens[:, None]  # [g, L]
         meta.decode_groups.append(DecodeGroup(
             row_start=g, row_end=g + len(group),
-            block_tables=_tensor(tables, device),
+            flat_block_ids=_tensor([b for t in tables for b in t], device),
             mask=mask[:, None, None, :].to(device),
         ))
 

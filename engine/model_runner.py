@@ -10,6 +10,7 @@ import torch
 
 from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from engine.input_batch import build_input_batch
+from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_config import ModelConfig
@@ -58,16 +59,18 @@ class ModelRunner:
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
         self.model.load_weights(_with_progress(weights, progress))
+        self.model.pack_for_cpu()
         self.sampler = Sampler()
         self.num_blocks = self._num_kv_blocks()
-        shape = (self.num_blocks, self.block_size, model_config.num_key_value_heads,
-                 model_config.head_dim)
-        # One allocation for the whole pool: [2, layers, blocks, block_size, kv_heads, head_dim].
+        shape = kv_cache_shape(self.num_blocks, self.block_size, model_config.num_key_value_heads,
+                               model_config.head_dim, self.use_triton)
+        # One allocation for the whole pool: [2, layers, *per-layer shape of the attention backend].
         self.kv_pool = torch.zeros((2, model_config.num_hidden_layers, *shape),
                                    dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])
                           for i in range(model_config.num_hidden_layers)]
         self.generators: dict[str, torch.Generator] = {}
+        self.workspace = Workspace(self.device)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self.dtype, self.device)
@@ -113,6 +116,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
+        batch.meta.workspace = self.workspace
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         if not batch.sampling:
             return []

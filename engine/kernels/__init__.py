@@ -16,14 +16,15 @@ if TYPE_CHECKING:
 
 
 def is_triton_usable(device: torch.device | str) -> bool:
-    """Whether the kernels can run on tensors of `device`: compiled on CUDA, interpreted on CPU."""
+    """Whether the kernels can run on tensors of `device`: compiled on CUDA (sm80+), interpreted
+    on CPU."""
     import torch
 
     device = torch.device(device)
     if importlib.util.find_spec("triton") is None:
         return False
-    if device.type == "cuda":
-        return torch.cuda.is_available()
+    if device.type == "cuda":  # bfloat16 tensor-core dots need Ampere (sm80) or newer
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
     from engine.kernels.common import is_interpreting
 
     return device.type == "cpu" and is_interpreting()

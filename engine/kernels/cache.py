@@ -29,8 +29,10 @@ def _reshape_and_cache_kernel(
     dims = tl.arange(0, BLOCK_D)
     mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)
 
-    k = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
-    v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    k = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :],
+                mask=mask)
+    v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :],
+                mask=mask)
     k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kct
     v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vct
     tl.store(k_dst + heads[:, None] * stride_kch + dims[None, :],

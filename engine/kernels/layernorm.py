@@ -50,12 +50,14 @@ def _launch(x, residual, weight, eps):
     new_residual = out if residual is None else torch.empty_like(out)
     residual = x if residual is None else innermost_contiguous(residual)
     num_rows, d = x.shape
+    block_d = triton.next_power_of_2(d)
     if num_rows > 0:
         _rms_norm_kernel[(num_rows,)](
             x, residual, weight, out, new_residual,
             x.stride(0), residual.stride(0), out.stride(0), new_residual.stride(0),
             float(eps),
-            D=d, BLOCK_D=triton.next_power_of_2(d), HAS_RESIDUAL=new_residual is not out,
+            D=d, BLOCK_D=block_d, HAS_RESIDUAL=new_residual is not out,
+            num_warps=min(max(block_d // 256, 1), 16),  # ~8 values per thread per tensor
         )
     return out, new_residual
 

@@ -21,6 +21,12 @@ def test_silu_and_mul_kernel_matches_reference(device, assert_close, dtype, inte
     assert_close(silu_and_mul(x), silu_and_mul_ref(x))
 
 
+def test_silu_and_mul_kernel_reads_rows_of_a_wider_tensor(device, assert_close):
+    x = torch.randn(3, 2 * 100 + 8, generator=torch.Generator().manual_seed(0)).to(device)
+    strided = x[:, :200]  # row stride 208
+    assert_close(silu_and_mul(strided), silu_and_mul_ref(strided.contiguous()))
+
+
 def test_silu_and_mul_rejects_an_odd_width(device):
     with pytest.raises(InvalidParameterError) as err:
         silu_and_mul(torch.zeros(2, 7, device=device))

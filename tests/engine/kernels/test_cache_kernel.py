@@ -14,8 +14,9 @@ def make_case(device, dtype, seed=0):
     num_tokens = len(SLOTS)
     # key and value are views of one fused [tokens, (q + k + v) heads * head_dim] projection.
     qkv = torch.randn(num_tokens, (2 + 2 * NUM_KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
-    key = qkv[:, 2 * HEAD_DIM:(2 + NUM_KV_HEADS) * HEAD_DIM].view(num_tokens, NUM_KV_HEADS, HEAD_DIM)
-    value = qkv[:, (2 + NUM_KV_HEADS) * HEAD_DIM:].view(num_tokens, NUM_KV_HEADS, HEAD_DIM)
+    _, key, value = qkv.split([2 * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM], 1)
+    key = key.view(num_tokens, NUM_KV_HEADS, HEAD_DIM)  # token stride (2 + 2 * kv_heads) * dim
+    value = value.view(num_tokens, NUM_KV_HEADS, HEAD_DIM)
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)

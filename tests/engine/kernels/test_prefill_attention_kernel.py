@@ -25,7 +25,8 @@ def make_case(paged_kv, device, query_lens, context_lens, group, dtype=torch.flo
     q = torch.randn(sum(query_lens), NUM_KV_HEADS * group, head_dim, generator=gen).to(dtype)
     cu = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
-    return (q.to(device), k_cache, v_cache, block_tables, cu.to(device), lens.to(device)), keys, values
+    args = (q.to(device), k_cache, v_cache, block_tables, cu.to(device), lens.to(device))
+    return args, keys, values
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
