@@ -61,21 +61,28 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def get_computed_blocks(self, seq: Sequence) -> list[int]:
-        """Blocks already in the cache for the longest full-block prefix of ``seq``.
+    def full_block_hashes(self, seq: Sequence) -> list[int]:
+        """Chained hashes of the full blocks of ``seq``'s tokens except the last one.
 
-        At least one token is always left to compute, because the step that
-        computes it produces the logits of the next token.
+        The last token is always left out because the step that computes it produces
+        the logits of the next token, so it can never be served from the cache.
         """
-        if not self.enable_prefix_caching:
-            return []
         num_full = (seq.num_tokens - 1) // self.block_size
-        hits: list[int] = []
+        hashes: list[int] = []
         parent = _NO_PARENT
         bs = self.block_size
         for i in range(num_full):
             parent = hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs])
-            block_id = self._cached.get(parent)
+            hashes.append(parent)
+        return hashes
+
+    def get_computed_blocks(self, seq: Sequence, hashes: list[int] | None = None) -> list[int]:
+        """Blocks already in the cache for the longest full-block prefix of ``seq``."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        for block_hash in self.full_block_hashes(seq) if hashes is None else hashes:
+            block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)

@@ -108,22 +108,33 @@ class Scheduler:
                 budget -= num_new
 
         # Waiting sequences, in policy order, while nothing had to be preempted.
-        while (self.waiting and budget > 0 and not out.preempted
+        bs = self.block_manager.block_size
+        in_flight: set[int] = set()  # hashes of prompt blocks this step computes
+        i = 0
+        while (i < len(self.waiting) and budget > 0 and not out.preempted
                and len(self.running) < self.max_num_seqs):
-            seq = self.waiting[0]
+            seq = self.waiting[i]
             computed: list[int] = []
-            if seq.num_computed_tokens == 0:
-                computed = self.block_manager.get_computed_blocks(seq)
-            num_hit_tokens = len(computed) * self.block_manager.block_size
+            hashes: list[int] = []
+            if seq.num_computed_tokens == 0 and self.block_manager.enable_prefix_caching:
+                hashes = self.block_manager.full_block_hashes(seq)
+                computed = self.block_manager.get_computed_blocks(seq, hashes)
+                if len(computed) < len(hashes) and hashes[len(computed)] in in_flight:
+                    # Its next block is being computed right now for another request (a shared
+                    # system prompt): wait one step and take it from the cache instead.
+                    i += 1
+                    continue
+            num_hit_tokens = len(computed) * bs
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_hit_tokens, budget)
             if not self.block_manager.allocate(seq, num_new, computed):
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             seq.num_computed_tokens += num_hit_tokens
             if seq.is_first_schedule:
                 seq.is_first_schedule = False
                 seq.num_cached_tokens = num_hit_tokens
                 self.block_manager.record_prefix_query(seq.num_tokens, num_hit_tokens)
+            in_flight.update(hashes[len(computed):(seq.num_computed_tokens + num_new) // bs])
             seq.status = SequenceStatus.RUNNING
             self._insort(self.running, seq)
             scheduled[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens)

@@ -127,3 +127,19 @@ def test_all_blocks_free_after_every_sequence_is_removed():
     for q in seqs:
         s.remove(q)
     s.block_manager.check_all_free()
+
+
+def test_request_sharing_a_prefix_being_computed_waits_one_step_to_hit_the_cache():
+    s = make(block_size=4, max_tokens=64)
+    shared = list(range(8))
+    a = Sequence("a", shared + [50, 51], SamplingParams(max_tokens=8))
+    b = Sequence("b", shared + [60, 61], SamplingParams(max_tokens=8))
+    c = Sequence("c", [70, 71, 72, 73, 74], SamplingParams(max_tokens=8))
+    for q in (a, b, c):
+        s.add(q)
+    first = run_step(s)
+    # b would recompute the 8 shared tokens a is computing now; c shares nothing and goes ahead.
+    assert [e.seq.request_id for e in first.scheduled] == ["a", "c"]
+    second = run_step(s)
+    entry = next(e for e in second.scheduled if e.seq is b)
+    assert entry.start == 8 and b.num_cached_tokens == 8
