@@ -51,14 +51,15 @@ def load_llm(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log engine internals")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         add_engine_args(p)
         module.add_args(p)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    # Start-up facts (KV cache blocks, tokens and bytes) are logged at INFO.
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command].run(args, load_llm)
