@@ -66,7 +66,7 @@ class LLM:
                         if out.finished:
                             return
         finally:
-            if rid in self.engine._requests:
+            if self.engine.has_request(rid):
                 self.engine.abort_request(rid)
                 self.engine.step()
 

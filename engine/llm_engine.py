@@ -142,6 +142,9 @@ class LLMEngine:
             raise RequestNotFoundError(request_id)
         self._pending.append(self._finish(req, FinishReason.ABORT, None, [], None))
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 
