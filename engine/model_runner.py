@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from engine.cuda_graphs import CudaGraphRunner
+from engine.gpu_memory import MemoryProfile, profile_memory
 from engine.input_batch import build_input_batch
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
@@ -46,6 +48,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                  weights, eos_token_ids: list[int],
                  progress: Callable[[int, int], None] | None = None):
+        """weights: HF-named (name, tensor) pairs; None fills the model with seeded random
+        values instead (benchmarks of a shape without its checkpoint)."""
         self.config = config
         self.model_config = model_config
         self.max_model_len = max_model_len
@@ -58,9 +62,13 @@ class ModelRunner:
         with torch.device(self.device), _default_dtype(self.dtype):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
-        self.model.load_weights(_with_progress(weights, progress))
+        if weights is None:
+            _init_random_weights(self.model, config.seed)
+        else:
+            self.model.load_weights(_with_progress(weights, progress))
         self.model.pack_for_cpu()
         self.sampler = Sampler()
+        self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
         shape = kv_cache_shape(self.num_blocks, self.block_size, model_config.num_key_value_heads,
                                model_config.head_dim, self.use_triton)
@@ -74,6 +82,10 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self.dtype, self.device)
+        if self.memory_profile is not None:
+            logger.info(self.memory_profile.summary(self.kv_cache_bytes, self.num_blocks,
+                                                    self.block_size))
+        self.cuda_graphs = self._capture_cuda_graphs()
 
     # ----------------------------------------------------------------- memory
     @property
@@ -91,10 +103,15 @@ class ModelRunner:
         if self.config.kv_cache_memory is not None:
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used_elsewhere = total - free
-            budget = int(total * self.config.gpu_memory_utilization) - used_elsewhere
-            budget -= 2 * 2**30  # activations headroom until the profiling pass lands
+            cfg = self.model_config
+            self.memory_profile = profile_memory(
+                self.model, self.sampler, utilization=self.config.gpu_memory_utilization,
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+                max_num_seqs=self.config.max_num_seqs, max_model_len=self.max_model_len,
+                block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads,
+                head_dim=cfg.head_dim, num_layers=cfg.num_hidden_layers, dtype=self.dtype,
+                device=self.device, use_triton=self.use_triton)
+            budget = self.memory_profile.kv_budget_bytes
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
         # Never more than every running sequence at full length could use.
@@ -104,6 +121,16 @@ class ModelRunner:
             raise MemoryError(f"the KV budget ({budget} bytes) does not hold one block "
                               f"({self.bytes_per_block} bytes)")
         return int(num)
+
+    def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
+        """Decode graphs on CUDA unless enforce_eager; they need the Triton attention path,
+        whose metadata lives on the device (the PyTorch path builds masks on the host)."""
+        if self.device.type != "cuda" or self.config.enforce_eager or not self.use_triton:
+            return None
+        graphs = CudaGraphRunner(self.model, self.kv_caches, self.config.max_num_seqs,
+                                 -(-self.max_model_len // self.block_size), self.device)
+        graphs.capture()
+        return graphs
 
     # ----------------------------------------------------------------- step
     def add_request(self, request_id: str, seed: int | None) -> None:
@@ -117,14 +144,17 @@ class ModelRunner:
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
         batch.meta.workspace = self.workspace
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        # Built before the forward is queued, so its host-to-device copies never wait on it.
+        meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
+            hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         if not batch.sampling:
             return []
         logits = self.model.compute_logits(hidden[batch.logits_rows])  # [S, V]
-        meta = self._sampling_metadata(batch.sampling)
         out = self.sampler(logits, meta)
-        token_ids = out.sampled_token_ids.tolist()
-        logprobs = self._logprobs(batch.sampling, out, token_ids)
+        token_ids, logprobs = self._to_host(batch.sampling, out)
         return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
 
     def _sampling_metadata(self, entries: list[ScheduledSequence]) -> SamplingMetadata:
@@ -147,21 +177,24 @@ class ModelRunner:
         )
 
     @staticmethod
-    def _logprobs(entries, out, token_ids: list[int]) -> list[TokenLogprob | None]:
+    def _to_host(entries, out) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The step's one device-to-host copy: sampled ids, and their logprobs when asked."""
         if out.logprobs is None:
-            return [None] * len(entries)
-        chosen = out.logprobs.tolist()
-        top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+            return out.sampled_token_ids.tolist(), [None] * len(entries)
+        k = out.top_token_ids.shape[1]
+        # [S, 2 + 2k] float64 holds token ids (< 2**53) and float32 logprobs exactly.
+        rows = torch.cat([out.sampled_token_ids[:, None].double(), out.logprobs[:, None].double(),
+                          out.top_token_ids.double(), out.top_logprobs.double()], dim=1).tolist()
+        token_ids = [int(r[0]) for r in rows]
         result: list[TokenLogprob | None] = []
-        for i, e in enumerate(entries):
+        for e, r in zip(entries, rows):
             n = e.seq.params.logprobs
             if n is None:
                 result.append(None)
                 continue
-            top = list(zip(top_ids[i][:n], top_lps[i][:n])) if top_ids is not None and n else []
-            result.append(TokenLogprob(token_id=token_ids[i], logprob=chosen[i], top=top))
-        return result
+            top = [(int(t), lp) for t, lp in zip(r[2:2 + n], r[2 + k:2 + k + n])]
+            result.append(TokenLogprob(token_id=int(r[0]), logprob=r[1], top=top))
+        return token_ids, result
 
 
 class _default_dtype:
@@ -174,6 +207,17 @@ class _default_dtype:
 
     def __exit__(self, *exc):
         torch.set_default_dtype(self.previous)
+
+
+@torch.no_grad()
+def _init_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """N(0, 0.02) everywhere except the norms' scales (1): a trained model's magnitudes."""
+    generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=generator)
 
 
 def _with_progress(weights, progress):

@@ -1,0 +1,119 @@
+"""How much CUDA memory the KV pool may take: measured, not guessed.
+
+After the weights are loaded, one dummy step of the largest shape the scheduler can produce
+(max_num_batched_tokens prompt tokens, then logits, log-softmax and top-k/top-p sampling for
+max_num_seqs rows) runs on a throw-away cache; its peak allocation is the activation memory every
+later step stays under. The pool gets what is left of ``gpu_memory_utilization * total``:
+
+    kv_budget = utilization * total - in_use - activation_peak
+
+where ``in_use = total - free`` once the dummy step's memory is released: the CUDA context,
+the weights, library workspaces, compiled kernels and any other process on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.input_batch import build_input_batch
+from engine.layers.attention import Workspace, kv_cache_shape
+from engine.sampling_metadata import SamplingMetadata
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.scheduler import ScheduledSequence
+from engine.sequence import Sequence
+
+GiB = 2**30
+
+
+@dataclass
+class MemoryProfile:
+    total_bytes: int  # device memory
+    weights_bytes: int  # the model's parameters and buffers
+    in_use_bytes: int  # total - free after the dummy step, its memory released
+    activation_peak_bytes: int  # peak the dummy step allocated beyond its inputs and cache
+    kv_budget_bytes: int  # utilization * total - in_use - activation_peak (may be negative)
+
+    def summary(self, kv_pool_bytes: int, num_blocks: int, block_size: int) -> str:
+        return (f"GPU memory: {self.total_bytes / GiB:.1f} GiB total, weights "
+                f"{self.weights_bytes / GiB:.2f} GiB, in use {self.in_use_bytes / GiB:.2f} GiB, "
+                f"activation peak {self.activation_peak_bytes / GiB:.2f} GiB, KV pool "
+                f"{kv_pool_bytes / GiB:.2f} GiB = {num_blocks} blocks = "
+                f"{num_blocks * block_size} tokens")
+
+
+def dummy_prefill_entries(num_tokens: int, max_model_len: int,
+                          block_size: int) -> list[ScheduledSequence]:
+    """Whole-prompt prefills of ``num_tokens`` tokens in all, each as long as the context allows
+    (the costliest attention shape), on consecutive blocks from 0. Every entry samples."""
+    entries = []
+    next_block = 0
+    remaining = num_tokens
+    while remaining > 0:
+        n = min(remaining, max_model_len)
+        if remaining - n == 1 and n > 2:  # leave no one-token entry (a decode, not a prefill)
+            n -= 1
+        seq = Sequence(f"profile-{len(entries)}", [0] * n, SamplingParams())
+        num_blocks = -(-n // block_size)
+        seq.block_table = list(range(next_block, next_block + num_blocks))
+        next_block += num_blocks
+        entries.append(ScheduledSequence(seq, n, 0))
+        remaining -= n
+    return entries
+
+
+def dummy_caches(entries: list[ScheduledSequence], block_size: int, num_kv_heads: int,
+                 head_dim: int, num_layers: int, dtype: torch.dtype, device: torch.device,
+                 use_triton: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A throw-away paged cache holding exactly the blocks of ``entries``, one (K, V) per layer."""
+    num_blocks = sum(len(e.seq.block_table) for e in entries)
+    shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim, use_triton)
+    pool = torch.zeros((2, num_layers, *shape), dtype=dtype, device=device)
+    return [(pool[0, i], pool[1, i]) for i in range(num_layers)]
+
+
+def run_dummy_step(model, sampler, entries: list[ScheduledSequence], caches, *,
+                   num_sampled_rows: int, block_size: int, device: torch.device,
+                   use_triton: bool) -> torch.Tensor:
+    """Forward ``entries``, then logits and sampling for ``num_sampled_rows`` rows; returns the
+    sampled ids [num_sampled_rows]."""
+    batch = build_input_batch(entries, block_size, device, use_triton)
+    batch.meta.workspace = Workspace(device)
+    # Sampling with every feature that allocates [S, vocab] tensors: logprobs, top-k, top-p.
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS)
+              ] * num_sampled_rows
+    empty = [[] for _ in params]
+    meta = SamplingMetadata.build(params, prompt_token_ids=empty, output_token_ids=empty,
+                                  generators=[None] * num_sampled_rows, suppress_token_ids=empty,
+                                  device=device)
+    hidden = model(batch.input_ids, batch.positions, caches, batch.meta)  # [T, hidden]
+    rows = torch.arange(num_sampled_rows, device=device) % hidden.shape[0]
+    logits = model.compute_logits(hidden[rows])  # [S, vocab] float32
+    return sampler(logits, meta).sampled_token_ids
+
+
+@torch.inference_mode()
+def profile_memory(model, sampler, *, utilization: float, max_num_batched_tokens: int,
+                   max_num_seqs: int, max_model_len: int, block_size: int, num_kv_heads: int,
+                   head_dim: int, num_layers: int, dtype: torch.dtype, device: torch.device,
+                   use_triton: bool) -> MemoryProfile:
+    """Measure the dummy step on ``device`` (CUDA) and derive the KV pool's budget."""
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    entries = dummy_prefill_entries(max_num_batched_tokens, max_model_len, block_size)
+    caches = dummy_caches(entries, block_size, num_kv_heads, head_dim, num_layers, dtype, device,
+                          use_triton)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)  # weights, the throw-away cache, anything else
+    torch.cuda.reset_peak_memory_stats(device)
+    run_dummy_step(model, sampler, entries, caches, num_sampled_rows=max_num_seqs,
+                   block_size=block_size, device=device, use_triton=use_triton)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del caches
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    in_use = total - free
+    budget = int(utilization * total) - in_use - peak
+    return MemoryProfile(total_bytes=total, weights_bytes=weights, in_use_bytes=in_use,
+                         activation_peak_bytes=peak, kv_budget_bytes=budget)
