@@ -46,10 +46,12 @@ system-deps:
 test: system-deps venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Until the serving layer lands this is the engine's terminal chat; it will become
-# daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application (embedded mode).
+# Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager.
 run: venv
-	$(PY) -m engine chat --model smollm2
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_bundled_model
+	@echo "Pagoda on http://$(HOST):$(PORT)/  (OpenAI API under /v1; get a key with: $(PY) manage.py create_api_key --name me)"
+	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application
 
 bench: venv
 	$(PY) bench/throughput.py $(BENCH_ARGS)

@@ -5,5 +5,6 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("webapp.monitoring.urls")),
+    path("", include("webapp.openai_api.urls")),
     path("admin/", admin.site.urls),
 ]

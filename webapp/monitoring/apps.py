@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class MonitoringConfig(AppConfig):
-    """Health checks now; /readyz and Prometheus /metrics join it later."""
+    """Health and readiness checks, Prometheus /metrics."""
 
     name = "webapp.monitoring"
     label = "monitoring"

@@ -28,6 +28,10 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "webapp.monitoring",
+    "webapp.registry",
+    "webapp.keys",
+    "webapp.usage",
+    "webapp.openai_api",
 ]
 
 MIDDLEWARE = [

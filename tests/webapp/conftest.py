@@ -1,0 +1,26 @@
+"""Fixtures for the webapp tests: a throwaway MEDIA_ROOT and the bundled model's exported tokenizer."""
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def media_root(settings, tmp_path):
+    """Tokenizer exports land in a per-test directory, never in the repository's media/."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory):
+    """tokenizer.json + tokenizer_config.json of the bundled GGUF, exported once per session."""
+    from engine.tokenizer_export import export_tokenizer
+
+    return export_tokenizer("smollm2", tmp_path_factory.mktemp("smollm2_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_tokenizer():
+    """The engine's own (transformers) tokenizer of the bundled model: the reference."""
+    from engine.tokenizer import load_tokenizer
+
+    return load_tokenizer("smollm2")

@@ -1,0 +1,107 @@
+"""/readyz says why it is not ready; /metrics exposes worker stats and API histograms."""
+
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from webapp.monitoring.metrics import worker_families
+from webapp.registry.models import Model, ModelVersion
+from workers.metrics import E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, LatencyHistogram
+from workers.protocol import WorkerInfo
+
+pytestmark = pytest.mark.django_db
+
+
+def test_readyz_is_ready_with_a_database_and_nothing_to_serve(client):
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready",
+                               "checks": {"database": "ok", "redis": "not configured", "workers": "ok"}}
+
+
+def test_readyz_is_503_naming_an_active_model_without_a_worker(client):
+    model = Model.objects.create(slug="tiny")
+    ModelVersion.objects.create(model=model, number=1, path="/x.gguf", format="gguf", status="active")
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json()["reasons"] == ["no live worker serves the model 'tiny'"]
+
+
+def test_readyz_is_503_when_the_configured_redis_is_unreachable(client, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json()["reasons"][0].startswith("redis unreachable")
+
+
+def parse(text: str) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_metrics_are_prometheus_text_with_the_api_request_counters(client):
+    client.post("/v1/completions", data="{}", content_type="application/json")  # no key: not counted
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    families = parse(response.content.decode())
+    assert "pagoda:api_request_latency_seconds" in families
+    assert "pagoda:num_requests_running" in families
+
+
+def worker(stats: dict, worker_id: str = "w1") -> WorkerInfo:
+    now = time.time()
+    return WorkerInfo(worker_id=worker_id, model="tiny", version="3", host="h", pid=1, started_at=now,
+                      last_heartbeat=now, max_num_seqs=4, max_model_len=256, stats=stats)
+
+
+def test_worker_stats_become_vllm_named_gauges_counters_and_histograms():
+    ttft, tpot, e2e = (LatencyHistogram(b) for b in (TTFT_BUCKETS, TPOT_BUCKETS, E2E_BUCKETS))
+    ttft.observe(0.3)
+    tpot.observe(0.1)
+    e2e.observe(1.3)
+    stats = {"num_running": 2, "num_waiting": 1, "kv_cache_usage": 0.25, "prefix_cache_queried_tokens": 96,
+             "prefix_cache_hit_tokens": 32, "num_preemptions": 1, "num_prompt_tokens": 64,
+             "num_generation_tokens": 11, "tokens_per_s": 5.5,
+             "latency": {"time_to_first_token": ttft.to_dict(), "time_per_output_token": tpot.to_dict(),
+                         "e2e_latency": e2e.to_dict()}}
+    info = worker(stats)
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.registry import Collector
+
+    class One(Collector):
+        def collect(self):
+            yield from worker_families([info])
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    families = parse(generate_latest(registry).decode())
+
+    def value(name, sample_name=None):
+        samples = [s for s in families[name].samples if s.name == (sample_name or name)]
+        assert samples[0].labels == {"model_name": "tiny", "version": "3", "worker": "w1"}
+        return samples[0].value
+
+    assert value("pagoda:num_requests_running") == 2
+    assert value("pagoda:num_requests_waiting") == 1
+    assert value("pagoda:kv_cache_usage_perc") == 0.25
+    assert value("pagoda:prefix_cache_queries", "pagoda:prefix_cache_queries_total") == 96
+    assert value("pagoda:prefix_cache_hits", "pagoda:prefix_cache_hits_total") == 32
+    assert value("pagoda:num_preemptions", "pagoda:num_preemptions_total") == 1
+    assert value("pagoda:prompt_tokens", "pagoda:prompt_tokens_total") == 64
+    assert value("pagoda:generation_tokens", "pagoda:generation_tokens_total") == 11
+    ttft = {s.labels["le"]: s.value for s in families["pagoda:time_to_first_token_seconds"].samples
+            if s.name.endswith("_bucket")}
+    assert ttft["0.25"] == 0 and ttft["0.5"] == 1 and ttft["+Inf"] == 1
+    tpot_sum = [s.value for s in families["pagoda:time_per_output_token_seconds"].samples if s.name.endswith("_sum")]
+    assert tpot_sum == [pytest.approx(0.1)]
+    e2e_count = [s.value for s in families["pagoda:e2e_request_latency_seconds"].samples
+                 if s.name.endswith("_count")]
+    assert e2e_count == [1]

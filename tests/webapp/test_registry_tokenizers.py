@@ -1,0 +1,68 @@
+"""The web process's torch-free tokenizer gives the engine's token ids."""
+
+import pytest
+
+from engine.tokenizer import apply_chat_template as engine_apply_chat_template
+from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Héllo, naïve 🍰 world"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Write\n  a   haiku\twith <|im_start|> in it."}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_chat_template_ids_equal_the_engines(smollm2_tokenizer_dir, smollm2_hf_tokenizer, messages):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+
+    assert tokenizer.apply_chat_template(messages) == engine_apply_chat_template(smollm2_hf_tokenizer, messages)
+
+
+def test_chat_template_without_generation_prompt_equals_the_engines(smollm2_tokenizer_dir, smollm2_hf_tokenizer):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+    messages = CONVERSATIONS[2]
+
+    ours = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+
+    assert ours == engine_apply_chat_template(smollm2_hf_tokenizer, messages, add_generation_prompt=False)
+
+
+@pytest.mark.parametrize("text", ["Once upon a time", "  leading spaces\nand lines", "émoji 🍰 ünïcode"])
+def test_plain_prompt_ids_equal_the_engines(smollm2_tokenizer_dir, smollm2_hf_tokenizer, text):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+
+    assert tokenizer.encode(text) == smollm2_hf_tokenizer.encode(text, add_special_tokens=True)
+
+
+def test_eos_ids_and_context_length_come_from_the_export(smollm2_tokenizer_dir):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+
+    assert tokenizer.eos_token_ids == [2]
+    assert tokenizer.max_model_len == 8192
+    assert tokenizer.decode_token(2) == "<|im_end|>"
+
+
+def test_template_raise_exception_becomes_chat_template_error(smollm2_tokenizer_dir):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+    tokenizer.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+
+    with pytest.raises(ChatTemplateError, match="user first"):
+        tokenizer.apply_chat_template([{"role": "assistant", "content": "hi"}])
+
+
+def test_model_without_chat_template_refuses_chat(smollm2_tokenizer_dir):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+    tokenizer.chat_template = None
+
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_sandbox_refuses_attribute_escapes(smollm2_tokenizer_dir):
+    tokenizer = ModelTokenizer.from_dir(smollm2_tokenizer_dir)
+    tokenizer.chat_template = "{{ messages.__class__.__mro__ }}"
+
+    with pytest.raises(ChatTemplateError, match="unsafe"):
+        tokenizer.render_chat([{"role": "user", "content": "hi"}])

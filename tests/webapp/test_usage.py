@@ -1,0 +1,31 @@
+"""Usage records and their totals."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from webapp.keys.services import apikey_create
+from webapp.usage.selectors import usage_list, usage_totals
+from webapp.usage.services import usage_record_create
+
+pytestmark = pytest.mark.django_db
+
+
+def test_totals_sum_the_tokens_of_one_keys_records_only():
+    owner = get_user_model().objects.create_user("alice")
+    mine, _ = apikey_create(owner=owner, name="mine")
+    other, _ = apikey_create(owner=owner, name="other")
+    for api_key, prompt, completion in ((mine, 10, 5), (mine, 7, 0), (other, 100, 100)):
+        usage_record_create(request_id=f"r{prompt}", endpoint="completions", status="ok", latency=0.5,
+                            api_key=api_key, user=owner, model_name="tiny", prompt_tokens=prompt,
+                            completion_tokens=completion, cached_prompt_tokens=prompt // 2)
+
+    assert usage_totals(api_key=mine) == {"requests": 2, "prompt_tokens": 17, "completion_tokens": 5,
+                                          "cached_prompt_tokens": 8}
+    assert usage_list(api_key=other).get().prompt_tokens == 100
+
+
+def test_a_record_with_an_unknown_status_is_refused():
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="status"):
+        usage_record_create(request_id="r", endpoint="completions", status="fine", latency=0.1)

@@ -1,0 +1,119 @@
+"""Embedded mode: the same worker loop in a thread of this process, over the in-memory broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from engine import SamplingParams
+from workers import transport
+from workers.memory_transport import MemoryEngineClient, default_broker
+from workers.protocol import GenerateRequest
+from workers.redis_transport import RedisEngineClient
+
+MODEL = "tiny-embedded"
+PROMPT = [5, 6, 7, 8, 9]
+
+
+def request(prompt: list[int], params: dict, model: str = MODEL) -> GenerateRequest:
+    return GenerateRequest(f"req-{uuid.uuid4().hex}", model, prompt, params)
+
+
+def greedy(max_tokens: int) -> dict:
+    return {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
+
+
+def stats_when(client, predicate, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not predicate(stats := client.live_workers(MODEL)[0].stats) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stats
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir, tiny_settings):
+    transport.start_embedded_worker(MODEL, "v1", str(tiny_model_dir), tiny_settings)
+    assert transport.wait_for_embedded_worker(MODEL, timeout=60)
+    yield MemoryEngineClient(default_broker())
+    transport.stop_embedded_workers(drain_timeout=5)
+
+
+@pytest.mark.asyncio
+async def test_embedded_stream_equals_the_engine_own_greedy_output(client, reference_llm):
+    expected = reference_llm.generate([PROMPT], SamplingParams(**greedy(40)))[0]
+
+    chunks = [c async for c in client.generate(request(PROMPT, greedy(40)))]
+
+    assert "".join(c.text for c in chunks) == expected.text
+    assert [t for c in chunks for t in c.token_ids] == expected.token_ids
+    assert chunks[-1].finished and chunks[-1].finish_reason == "length"
+    assert not any(c.finished or c.error for c in chunks[:-1])
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_consumer_task_aborts_the_request_and_frees_its_blocks(client):
+    started = asyncio.Event()
+
+    async def consume():
+        async for _chunk in client.generate(request(PROMPT, greedy(240))):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    def settled(s):
+        return (s["num_running"] == 0 and s["num_inflight"] == 0
+                and s["num_requests_finished"]["abort"] == 1)
+    stats = await asyncio.to_thread(stats_when, client, settled)
+    assert settled(stats), stats
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    assert stats["num_requests_finished"]["length"] < stats["num_requests"]
+
+
+@pytest.mark.asyncio
+async def test_embedded_errors_name_the_parameter(client):
+    chunks = [c async for c in client.generate(request(PROMPT, {"top_p": 0}))]
+    too_long = [c async for c in client.generate(request([5] * 300, {}))]
+    nobody = [c async for c in client.generate(request(PROMPT, {}, model="not-embedded"))]
+
+    assert (chunks[0].error.code, chunks[0].error.param) == ("invalid_parameter", "top_p")
+    assert (too_long[0].error.code, too_long[0].error.param) == ("context_length_exceeded", "prompt")
+    assert nobody[0].error.code == "no_worker"
+
+
+def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_model_dir, tiny_settings):
+    before = [w.worker_id for w in client.live_workers(MODEL)]
+
+    transport.start_embedded_worker(MODEL, "v1", str(tiny_model_dir), tiny_settings)
+
+    assert [w.worker_id for w in client.live_workers(MODEL)] == before
+
+
+def test_metrics_snapshot_task_runs_eagerly_and_reports_the_embedded_worker(client, monkeypatch):
+    from workers.celery import make_app
+
+    monkeypatch.setattr(transport, "_client", client)
+    app = make_app(None)
+
+    snapshot = app.tasks["workers.snapshot_worker_metrics"].delay(MODEL).get(timeout=5)
+
+    assert [(w["model"], w["version"]) for w in snapshot] == [(MODEL, "v1")]
+    assert snapshot[0]["stats"]["num_blocks"] == 64
+    assert snapshot[0]["stats"]["num_requests"] >= 1
+
+
+def test_engine_client_is_in_memory_without_redis_url_and_redis_with_it(monkeypatch, redis_server):
+    monkeypatch.setattr(transport, "_client", None)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert isinstance(transport.get_engine_client(), MemoryEngineClient)
+    assert transport.get_engine_client() is transport.get_engine_client()
+
+    monkeypatch.setattr(transport, "_client", None)
+    monkeypatch.setenv("REDIS_URL", redis_server)
+    assert isinstance(transport.get_engine_client(), RedisEngineClient)

@@ -1,0 +1,15 @@
+from django.contrib import admin
+
+from webapp.keys.models import ApiKey
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "owner", "is_revoked", "expires_at", "created_at", "last_used_at")
+    list_filter = ("is_revoked",)
+    search_fields = ("name", "prefix", "owner__username")
+    # Keys are created with `create_api_key` (or the console) so that the secret is shown once.
+    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
+
+    def has_add_permission(self, request):
+        return False

@@ -1,0 +1,53 @@
+"""Writes to API keys: create (returns the key once), revoke, note use."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from webapp.keys.models import ApiKey
+from webapp.registry.models import Model
+
+KEY_MARKER = "pgd-"
+PREFIX_LENGTH = len(KEY_MARKER) + 8
+# last_used_at is a hint, not an audit trail (usage records are): write it at most this often.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def hash_key(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+@transaction.atomic
+def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model] = (),
+                  expires_at: datetime | None = None) -> tuple[ApiKey, str]:
+    """The new key and its secret, which is returned here and never again."""
+    if not name.strip():
+        raise ValidationError("an API key needs a name", code="invalid_name")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError("expires_at must be in the future", code="invalid_expiry")
+    raw_key = KEY_MARKER + secrets.token_urlsafe(32)  # 256 random bits
+    api_key = ApiKey.objects.create(owner=owner, name=name.strip(), prefix=raw_key[:PREFIX_LENGTH],
+                                    key_hash=hash_key(raw_key), expires_at=expires_at)
+    api_key.models.set(list(models))
+    return api_key, raw_key
+
+
+def apikey_revoke(*, api_key: ApiKey) -> ApiKey:
+    api_key.is_revoked = True
+    api_key.save(update_fields=["is_revoked"])
+    return api_key
+
+
+def apikey_mark_used(*, api_key: ApiKey, now: datetime | None = None) -> None:
+    now = now or timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now

@@ -1,0 +1,56 @@
+"""Errors as OpenAI error objects: ``{"error": {"message", "type", "param", "code"}}`` + status."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER, NO_WORKER,
+                              WORKER_LOST, ErrorInfo)
+
+INVALID_REQUEST = "invalid_request_error"
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def to_dict(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JsonResponse:
+        return JsonResponse(self.to_dict(), status=self.status)
+
+
+def invalid_api_key(message: str = "Incorrect API key provided.") -> OpenAIError:
+    return OpenAIError(401, message, code="invalid_api_key")
+
+
+def invalid_parameter(param: str | None, message: str) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code="invalid_parameter")
+
+
+def model_not_found(name: str) -> OpenAIError:
+    return OpenAIError(404, f"The model {name!r} does not exist or is not being served.", param="model",
+                       code="model_not_found")
+
+
+def model_not_allowed(name: str) -> OpenAIError:
+    return OpenAIError(403, f"This API key may not use the model {name!r}.", type="permission_error",
+                       param="model", code="model_not_allowed")
+
+
+def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
+    """A worker-side failure as the client sees it; ``prompt_param`` is "messages" or "prompt"."""
+    if info.code == CONTEXT_LENGTH_EXCEEDED:
+        return OpenAIError(400, info.message, param=prompt_param, code=CONTEXT_LENGTH_EXCEEDED)
+    if info.code == INVALID_PARAMETER:
+        param = prompt_param if info.param == "prompt" else info.param
+        return invalid_parameter(param, info.message)
+    if info.code == NO_WORKER:
+        return OpenAIError(503, f"{info.message}; try again shortly", type="server_error", param="model",
+                           code=NO_WORKER)
+    if info.code == WORKER_LOST:
+        return OpenAIError(503, info.message, type="server_error", code=WORKER_LOST)
+    return OpenAIError(500, info.message, type="server_error", code=info.code or INTERNAL_ERROR)

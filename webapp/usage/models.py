@@ -1,0 +1,46 @@
+"""Usage accounting: what each request cost and how it ended."""
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from webapp.keys.models import ApiKey
+from webapp.registry.models import Model, ModelVersion
+
+
+class UsageRecord(models.Model):
+    class Status(models.TextChoices):
+        OK = "ok"
+        ERROR = "error"
+        ABORTED = "aborted"  # the client went away before the end
+
+    class Endpoint(models.TextChoices):
+        CHAT_COMPLETIONS = "chat.completions"
+        COMPLETIONS = "completions"
+
+    # Links go null when the key, user or model is deleted; the record and its numbers stay.
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="usage")
+    model = models.ForeignKey(Model, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
+    version = models.ForeignKey(ModelVersion, on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="usage")
+    model_name = models.CharField(max_length=200, blank=True)  # as the client asked for it
+    request_id = models.CharField(max_length=64, db_index=True)
+    endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_prompt_tokens = models.PositiveIntegerField(default=0)  # served by the prefix cache
+    time_to_first_token = models.FloatField(null=True, blank=True)  # seconds, as the engine measured it
+    latency = models.FloatField()  # seconds, request received -> last byte produced
+    status = models.CharField(max_length=16, choices=Status.choices)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["api_key", "created_at"]), models.Index(fields=["model", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.model_name} {self.status}"

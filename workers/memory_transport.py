@@ -1,0 +1,221 @@
+"""Embedded mode's transport: an in-process broker with Redis's semantics, minus the network.
+
+A queue per model that several workers share, one reply channel per request, an abort
+broadcast per model and heartbeats with the same TTL. Worker threads call the worker side;
+the client side runs on an asyncio loop. Replies cross threads via
+``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` owned by the client's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from workers.protocol import HEARTBEAT_TTL_S, GenerateRequest, Reply, WorkerInfo
+from workers.transport import EngineClient
+
+
+@dataclass
+class _Worker:
+    info: WorkerInfo
+    last_beat: float  # time.monotonic()
+    aborts: deque[str] = field(default_factory=deque)
+
+
+@dataclass
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class MemoryBroker:
+    def __init__(self, heartbeat_ttl_s: float = HEARTBEAT_TTL_S):
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._queues: dict[str, deque[GenerateRequest]] = defaultdict(deque)
+        self._workers: dict[str, _Worker] = {}
+        self._claims: dict[str, str] = {}  # request_id -> worker_id, until the client closes
+        self._sinks: dict[str, _Sink] = {}  # reply_to -> the client's queue
+
+    def _is_live(self, worker: _Worker) -> bool:
+        return time.monotonic() - worker.last_beat < self.heartbeat_ttl_s
+
+    # ----------------------------------------------------------------- client side
+    def open_sink(self, reply_to: str, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._sinks[reply_to] = _Sink(loop, queue)
+        return queue
+
+    def submit(self, req: GenerateRequest) -> None:
+        with self._lock:
+            self._queues[req.model].append(req)
+            self._arrived.notify_all()
+
+    def close_request(self, req: GenerateRequest) -> None:
+        with self._lock:
+            self._sinks.pop(req.reply_to, None)
+            self._claims.pop(req.request_id, None)
+            self._withdraw(req.model, req.request_id)
+
+    def _withdraw(self, model: str, request_id: str) -> None:
+        queue = self._queues.get(model)
+        if queue:
+            for req in [r for r in queue if r.request_id == request_id]:
+                queue.remove(req)
+
+    def claimant(self, request_id: str) -> str | None:
+        with self._lock:
+            return self._claims.get(request_id)
+
+    def live_workers(self, model: str | None = None) -> list[WorkerInfo]:
+        with self._lock:
+            return [w.info for w in self._workers.values()
+                    if self._is_live(w) and model in (None, w.info.model)]
+
+    def is_alive(self, worker_id: str) -> bool:
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            return worker is not None and self._is_live(worker)
+
+    def abort(self, model: str, request_id: str) -> None:
+        with self._lock:
+            self._withdraw(model, request_id)
+            for worker in self._workers.values():
+                if worker.info.model == model:
+                    worker.aborts.append(request_id)
+
+    # ----------------------------------------------------------------- worker side
+    def heartbeat(self, info: WorkerInfo) -> None:
+        with self._lock:
+            worker = self._workers.get(info.worker_id)
+            if worker is None:
+                self._workers[info.worker_id] = _Worker(info, time.monotonic())
+            else:
+                worker.info, worker.last_beat = info, time.monotonic()
+
+    def unregister(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    def take(self, model: str, worker_id: str, max_count: int, timeout_s: float
+             ) -> list[GenerateRequest]:
+        """Up to ``max_count`` queued requests, waiting up to ``timeout_s`` for the first."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            queue = self._queues[model]
+            while not queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._arrived.wait(left)
+            taken = [queue.popleft() for _ in range(min(max_count, len(queue)))]
+            for req in taken:
+                self._claims[req.request_id] = worker_id
+            return taken
+
+    def poll_aborts(self, worker_id: str) -> list[str]:
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return []
+            aborted = list(worker.aborts)
+            worker.aborts.clear()
+            return aborted
+
+    def deliver(self, reply_to: str, replies: list[Reply]) -> None:
+        with self._lock:
+            sink = self._sinks.get(reply_to)
+        if sink is None:  # the client has gone; like an expiring Redis reply stream
+            return
+        try:
+            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, replies)
+        except RuntimeError:  # the client's loop is closed
+            with self._lock:
+                self._sinks.pop(reply_to, None)
+
+
+_default_broker = MemoryBroker()
+
+
+def default_broker() -> MemoryBroker:
+    """The broker shared by this process's embedded workers and its engine client."""
+    return _default_broker
+
+
+class MemoryEngineClient(EngineClient):
+    def __init__(self, broker: MemoryBroker):
+        self.broker = broker
+
+    async def abort(self, model: str, request_id: str) -> None:
+        self.broker.abort(model, request_id)
+
+    def live_workers(self, model: str | None = None) -> list[WorkerInfo]:
+        return sorted(self.broker.live_workers(model), key=lambda w: (w.model, w.started_at))
+
+    def _reply_address(self, request_id: str) -> str:
+        return f"memory:{request_id}"
+
+    async def _submit(self, req: GenerateRequest) -> asyncio.Queue:
+        queue = self.broker.open_sink(req.reply_to, asyncio.get_running_loop())
+        self.broker.submit(req)
+        return queue
+
+    async def _next_replies(self, req: GenerateRequest, ticket: asyncio.Queue,
+                            timeout_s: float) -> list[Reply]:
+        try:
+            replies = list(await asyncio.wait_for(ticket.get(), timeout_s))
+        except TimeoutError:
+            return []
+        while not ticket.empty():
+            replies.extend(ticket.get_nowait())
+        return replies
+
+    async def _serving_worker_ids(self, model: str) -> set[str]:
+        return {w.worker_id for w in self.broker.live_workers(model) if not w.draining}
+
+    async def _is_alive(self, model: str, worker_id: str) -> bool:
+        return self.broker.is_alive(worker_id)
+
+    async def _claimant(self, req: GenerateRequest, ticket) -> str | None:
+        return self.broker.claimant(req.request_id)
+
+    async def _close(self, req: GenerateRequest, ticket, finished: bool) -> None:
+        self.broker.close_request(req)
+
+
+class MemoryWorkerTransport:
+    """The worker side, bound to one model and one worker id (see engine_loop.WorkerTransport)."""
+
+    def __init__(self, broker: MemoryBroker, model: str, worker_id: str):
+        self.broker = broker
+        self.model = model
+        self.worker_id = worker_id
+
+    def heartbeat(self, info: WorkerInfo) -> None:
+        self.broker.heartbeat(info)
+
+    def unregister(self) -> None:
+        self.broker.unregister(self.worker_id)
+
+    def poll_aborts(self) -> list[str]:
+        return self.broker.poll_aborts(self.worker_id)
+
+    def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
+                 timeout_s: float) -> list[GenerateRequest]:
+        """Deliver ``replies``, then take up to ``max_count`` requests (waiting up to timeout_s)."""
+        by_address: dict[str, list[Reply]] = {}
+        for reply_to, reply in replies:
+            by_address.setdefault(reply_to, []).append(reply)
+        for reply_to, batch in by_address.items():
+            self.broker.deliver(reply_to, batch)
+        if max_count <= 0:
+            return []
+        return self.broker.take(self.model, self.worker_id, max_count, timeout_s)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,168 @@
+"""Messages between the web process and engine workers: JSON-serialisable dataclasses.
+
+Imports nothing from ``engine`` (the web process reads this module without loading torch).
+
+Liveness: a worker refreshes its heartbeat every ``HEARTBEAT_INTERVAL_S`` and counts as live
+for ``HEARTBEAT_TTL_S`` after the last one. A client that hears nothing for ``WATCH_INTERVAL_S``
+checks the heartbeat of the worker that claimed its request (or, before the claim, of the
+model's workers), so a dead worker is noticed within TTL + WATCH_INTERVAL (about 6 s, under the
+10 s the product promises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TTL_S = 5.0
+WATCH_INTERVAL_S = 1.0
+
+# ErrorInfo.code values.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+INVALID_PARAMETER = "invalid_parameter"
+NO_WORKER = "no_worker"
+WORKER_LOST = "worker_lost"
+INTERNAL_ERROR = "internal_error"
+ERROR_CODES = (CONTEXT_LENGTH_EXCEEDED, INVALID_PARAMETER, NO_WORKER, WORKER_LOST, INTERNAL_ERROR)
+
+
+class ProtocolError(ValueError):
+    """A message that does not have the shape this module defines."""
+
+
+def _from_dict(cls, data: dict):
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        raise ProtocolError(f"{cls.__name__}: {exc}") from exc
+
+
+@dataclass
+class ErrorInfo:
+    code: str  # one of ERROR_CODES
+    message: str
+    param: str | None = None  # the request field at fault, for invalid_parameter / context length
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ErrorInfo:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    model: str
+    prompt_token_ids: list[int]
+    params: dict  # SamplingParams keyword arguments
+    priority: int = 0
+    reply_to: str = ""  # filled in by the transport when empty
+    created_at: float = field(default_factory=time.time)  # wall clock; queueing counts in TTFT
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GenerateRequest:
+        req = _from_dict(cls, data)
+        if not isinstance(req.request_id, str) or not req.request_id:
+            raise ProtocolError("GenerateRequest: request_id must be a non-empty string")
+        if not isinstance(req.reply_to, str):
+            raise ProtocolError("GenerateRequest: reply_to must be a string")
+        return req
+
+
+@dataclass
+class Chunk:
+    """A batch of one request's deltas; the last one has ``finished=True``.
+
+    A worker-side failure is a final chunk with ``error`` set and ``finish_reason`` None.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict] | None  # [{"token_id", "logprob", "top": [[id, logprob], ...]}]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    time_to_first_token: float | None
+    error: ErrorInfo | None = None
+
+    @classmethod
+    def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:
+        return cls(request_id, "", [], None, True, None, 0, 0, 0, None, error)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["error"] = self.error.to_dict() if self.error else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Chunk:
+        chunk = _from_dict(cls, data)
+        if chunk.error is not None:
+            chunk.error = ErrorInfo.from_dict(chunk.error)
+        return chunk
+
+
+@dataclass
+class WorkerInfo:
+    """What a worker announces with every heartbeat.
+
+    ``stats`` is ``workers.metrics.WorkerMetrics.snapshot()``: engine gauges and counters,
+    tokens_per_s, and latency histograms (see that module for the exact keys).
+    """
+
+    worker_id: str
+    model: str
+    version: str
+    host: str
+    pid: int
+    started_at: float
+    last_heartbeat: float
+    max_num_seqs: int
+    max_model_len: int
+    stats: dict = field(default_factory=dict)
+    draining: bool = False  # after SIGTERM: finishing running requests, taking no new ones
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WorkerInfo:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class Reply:
+    """One message on a request's reply channel: the claim (which worker took it) or a chunk.
+
+    The claim lets the client watch that one worker's heartbeat instead of the model's.
+    """
+
+    kind: str  # "claimed" | "chunk"
+    worker_id: str
+    chunk: Chunk | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "worker_id": self.worker_id,
+                "chunk": self.chunk.to_dict() if self.chunk else None}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Reply:
+        reply = _from_dict(cls, data)
+        if reply.kind not in ("claimed", "chunk"):
+            raise ProtocolError(f"Reply: unknown kind {reply.kind!r}")
+        if reply.chunk is not None:
+            reply.chunk = Chunk.from_dict(reply.chunk)
+        return reply

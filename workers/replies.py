@@ -1,0 +1,72 @@
+"""One claimed request on the worker side: where it replies and the deltas not sent yet.
+
+Deltas are batched: a chunk leaves when the request finishes, when its first token is ready
+(time to first token is what users feel), when FLUSH_TOKENS tokens have piled up, or when
+FLUSH_INTERVAL_S has passed since the last chunk. On a fast device that is a few tokens per
+message instead of one message per token per step.
+"""
+
+from __future__ import annotations
+
+from workers.protocol import Chunk, GenerateRequest
+
+FLUSH_INTERVAL_S = 0.02
+FLUSH_TOKENS = 16
+
+
+def logprob_to_dict(lp) -> dict:
+    """engine.outputs.TokenLogprob -> the protocol's {"token_id", "logprob", "top"} dict."""
+    return {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+
+
+class InFlight:
+    def __init__(self, req: GenerateRequest):
+        self.request_id = req.request_id
+        self.reply_to = req.reply_to
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._logprobs: list[dict] | None = None
+        self._latest = None  # the newest engine.outputs.RequestOutput
+        self._dirty = False  # something to send
+        self.num_chunks_sent = 0
+        self.last_sent = 0.0  # time.monotonic() of the last chunk
+        self.ttft_seen = False
+
+    @property
+    def finished(self) -> bool:
+        return self._latest is not None and self._latest.finished
+
+    @property
+    def latest(self):
+        return self._latest
+
+    def add(self, out) -> None:
+        """Accumulate one step's engine.outputs.RequestOutput."""
+        self._latest = out
+        self._dirty = True
+        self._text.append(out.text_delta)
+        self._token_ids.extend(out.token_ids_delta)
+        if out.logprobs_delta is not None:
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(logprob_to_dict(lp) for lp in out.logprobs_delta)
+
+    def is_due(self, now: float) -> bool:
+        if not self._dirty:
+            return False
+        return (self.finished or self.num_chunks_sent == 0
+                or len(self._token_ids) >= FLUSH_TOKENS or now - self.last_sent >= FLUSH_INTERVAL_S)
+
+    def take_chunk(self, now: float) -> Chunk:
+        out = self._latest
+        ttft = out.metrics.time_to_first_token if out.metrics is not None else None
+        chunk = Chunk(
+            request_id=self.request_id, text="".join(self._text), token_ids=self._token_ids,
+            logprobs=self._logprobs, finished=out.finished, finish_reason=out.finish_reason,
+            num_prompt_tokens=out.num_prompt_tokens, num_output_tokens=out.num_output_tokens,
+            num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft)
+        self._text, self._token_ids, self._logprobs = [], [], None
+        self._dirty = False
+        self.num_chunks_sent += 1
+        self.last_sent = now
+        return chunk
