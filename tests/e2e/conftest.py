@@ -27,10 +27,6 @@ import httpx
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = "/usr/bin/redis-server"
-TINY_CONFIG = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
 START_TIMEOUT_S = 240
 
@@ -39,21 +35,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A 2-layer random Llama with the SmolLM2 tokenizer and chat template, saved the HF way."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from engine.tokenizer import load_tokenizer
-
-    directory = tmp_path_factory.mktemp("tiny_llama")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**TINY_CONFIG)).save_pretrained(directory)
-    load_tokenizer("smollm2").save_pretrained(directory)
-    return directory
 
 
 @dataclass
@@ -171,9 +152,9 @@ def readyz_ok(site: Site) -> bool:
 
 
 @pytest.fixture(scope="session")
-def embedded_site(tmp_path_factory, tiny_model_dir):
+def embedded_site(tmp_path_factory, tiny_llama_dir):
     site = make_site(tmp_path_factory.mktemp("embedded_site"))
-    site.manage("register_model", "tiny", str(tiny_model_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
+    site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
     site.manage("ensure_bundled_model")
     site.keys = {"all": site.create_key("all models"), "tiny": site.create_key("tiny only", "tiny")}
     site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})
@@ -185,36 +166,10 @@ def embedded_site(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    """URL of a private redis-server on a free loopback port, without persistence."""
-    import redis
-
-    port, data_dir = free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(data_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client, deadline = redis.Redis.from_url(url), time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    client.close()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def redis_site(tmp_path_factory, tiny_model_dir, redis_server):
+def redis_site(tmp_path_factory, tiny_llama_dir, redis_server):
     site = make_site(tmp_path_factory.mktemp("redis_site"), {"REDIS_URL": redis_server})
-    site.manage("register_model", "tiny", str(tiny_model_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
-    site.manage("register_model", "idle", str(tiny_model_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
+    site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
+    site.manage("register_model", "idle", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
     site.keys = {"all": site.create_key("all models")}
     site.worker = site.spawn("worker", [sys.executable, "manage.py", "run_engine_worker", "--model", "tiny",
                                         "--drain-timeout", "5"])
@@ -228,19 +183,19 @@ def redis_site(tmp_path_factory, tiny_model_dir, redis_server):
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_model_dir):
+def tiny_tokenizer(tiny_llama_dir):
     """The engine's tokenizer of the tiny model: the reference for prompt token counts."""
     from engine.tokenizer import load_tokenizer
 
-    return load_tokenizer(str(tiny_model_dir))
+    return load_tokenizer(str(tiny_llama_dir))
 
 
 @pytest.fixture(scope="session")
-def tiny_llm(tiny_model_dir):
+def tiny_llm(tiny_llama_dir):
     """The engine in this process with the served settings: the reference for generated text."""
     from engine import LLM
 
-    return LLM(str(tiny_model_dir), **TINY_SETTINGS)
+    return LLM(str(tiny_llama_dir), **TINY_SETTINGS)
 
 
 def open_stream_then_disconnect(site: Site, key: str, body: dict, *, wait_running: bool = True) -> str:

@@ -55,14 +55,6 @@ def _save_tiny(directory, model_class, config, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return _save_tiny(tmp_path_factory.mktemp("tiny_llama"), LlamaForCausalLM,
-                      LlamaConfig(**TINY_SIZES), smollm2_tokenizer)
-
-
-@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, smollm2_tokenizer):
     """Qwen2: biased q/k/v projections, no o_proj bias."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -1,7 +1,7 @@
 """Real Redis, real worker processes, a tiny random Llama.
 
 ``redis_server`` runs Debian's redis-server on a free loopback port without persistence.
-``tiny_model_dir`` is a 2-layer random Llama saved the Hugging Face way with the SmolLM2
+``tiny_llama_dir`` is a 2-layer random Llama saved the Hugging Face way with the SmolLM2
 tokenizer (as in tests/engine/conftest.py), so text round-trips and a worker loads in seconds.
 ``spawn_worker`` starts ``python -m workers.engine_worker`` processes and kills what is left
 of them at the end of the test.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,73 +19,17 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = "/usr/bin/redis-server"
-TINY_SIZES = dict(
-    vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-)
 # The settings every tiny worker runs with; the reference engine in the tests uses the same.
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 256}
 WORKER_START_TIMEOUT_S = 90
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    """URL of a private redis-server (no RDB, no AOF, data dir in a temp folder)."""
-    import redis
-
-    port = _free_port()
-    data_dir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"redis-server did not start: {(data_dir / 'redis.log').read_text()}")
-            time.sleep(0.05)
-    client.close()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from engine.models.registry import resolve_model_path
-    from engine.tokenizer import load_tokenizer
-
-    directory = tmp_path_factory.mktemp("tiny_llama")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**TINY_SIZES)).save_pretrained(directory)
-    load_tokenizer(resolve_model_path("smollm2")).save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="session")
-def reference_llm(tiny_model_dir):
+def reference_llm(tiny_llama_dir):
     """The engine itself, in this process, with the workers' settings."""
     from engine import LLM
 
-    return LLM(str(tiny_model_dir), **TINY_SETTINGS)
+    return LLM(str(tiny_llama_dir), **TINY_SETTINGS)
 
 
 class WorkerProcess:
@@ -141,12 +84,12 @@ def kill_all(workers: list[WorkerProcess]) -> None:
 
 
 @pytest.fixture
-def spawn_worker(redis_server, tiny_model_dir, tmp_path):
+def spawn_worker(redis_server, tiny_llama_dir, tmp_path):
     """spawn_worker(model, **settings) -> WorkerProcess; whatever still runs is killed after."""
     started: list[WorkerProcess] = []
 
     def spawn(model: str, **settings) -> WorkerProcess:
-        started.append(start_worker(redis_server, tiny_model_dir, tmp_path, model, **settings))
+        started.append(start_worker(redis_server, tiny_llama_dir, tmp_path, model, **settings))
         return started[-1]
 
     yield spawn
@@ -160,11 +103,11 @@ def wait_workers(redis_server):
 
 
 @pytest.fixture(scope="session")
-def serving_pair(redis_server, tiny_model_dir, tmp_path_factory):
+def serving_pair(redis_server, tiny_llama_dir, tmp_path_factory):
     """Two worker processes sharing the model "tiny"; two sequences each, so that a burst of
     requests has to be spread over both."""
     log_dir = tmp_path_factory.mktemp("worker_logs")
-    workers = [start_worker(redis_server, tiny_model_dir, log_dir, "tiny", max_num_seqs=2)
+    workers = [start_worker(redis_server, tiny_llama_dir, log_dir, "tiny", max_num_seqs=2)
                for _ in range(2)]
     try:
         wait_for_workers(redis_server, "tiny", 2, workers)

@@ -24,11 +24,11 @@ def request(model: str, max_tokens: int) -> GenerateRequest:
                            {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
 
 
-def test_a_new_version_takes_over_and_the_old_worker_leaves(client, tiny_model_dir, tiny_settings):
-    transport.start_embedded_worker("tiny-swap", "v1", str(tiny_model_dir), tiny_settings)
+def test_a_new_version_takes_over_and_the_old_worker_leaves(client, tiny_llama_dir, tiny_settings):
+    transport.start_embedded_worker("tiny-swap", "v1", str(tiny_llama_dir), tiny_settings)
     assert transport.wait_for_embedded_worker("tiny-swap", timeout=60)
 
-    transport.start_embedded_worker("tiny-swap", "v2", str(tiny_model_dir), tiny_settings)
+    transport.start_embedded_worker("tiny-swap", "v2", str(tiny_llama_dir), tiny_settings)
     assert transport.wait_for_embedded_worker("tiny-swap", timeout=60)
 
     deadline = time.monotonic() + 5
@@ -39,8 +39,8 @@ def test_a_new_version_takes_over_and_the_old_worker_leaves(client, tiny_model_d
 
 @pytest.mark.asyncio
 async def test_stopping_past_the_drain_timeout_ends_running_requests_with_worker_lost(
-        client, tiny_model_dir, tiny_settings):
-    transport.start_embedded_worker("tiny-stop", "v1", str(tiny_model_dir), tiny_settings)
+        client, tiny_llama_dir, tiny_settings):
+    transport.start_embedded_worker("tiny-stop", "v1", str(tiny_llama_dir), tiny_settings)
     assert transport.wait_for_embedded_worker("tiny-stop", timeout=60)
     stream = client.generate(request("tiny-stop", 240))
     first = await anext(stream)

@@ -34,8 +34,8 @@ def stats_when(client, predicate, timeout: float = 5.0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_dir, tiny_settings):
-    transport.start_embedded_worker(MODEL, "v1", str(tiny_model_dir), tiny_settings)
+def client(tiny_llama_dir, tiny_settings):
+    transport.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
     assert transport.wait_for_embedded_worker(MODEL, timeout=60)
     yield MemoryEngineClient(default_broker())
     transport.stop_embedded_workers(drain_timeout=5)
@@ -87,10 +87,10 @@ async def test_embedded_errors_name_the_parameter(client):
     assert nobody[0].error.code == "no_worker"
 
 
-def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_model_dir, tiny_settings):
+def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_llama_dir, tiny_settings):
     before = [w.worker_id for w in client.live_workers(MODEL)]
 
-    transport.start_embedded_worker(MODEL, "v1", str(tiny_model_dir), tiny_settings)
+    transport.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
 
     assert [w.worker_id for w in client.live_workers(MODEL)] == before
 
