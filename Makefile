@@ -49,7 +49,7 @@ test: system-deps venv
 # Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager.
 run: venv
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py ensure_bundled_model
+	$(PY) manage.py ensure_bundled_model && $(PY) manage.py ensure_admin
 	@echo "Pagoda on http://$(HOST):$(PORT)/  (OpenAI API under /v1; get a key with: $(PY) manage.py create_api_key --name me)"
 	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application
 

@@ -2,18 +2,23 @@
 
 import os
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.local")
 
 # Django must be set up before anything that imports models (consumers, auth middleware).
-django_asgi_app = get_asgi_application()
+# Daphne also serves /static/ (found as runserver finds it, whatever DEBUG says): the chat page's
+# scripts and styles need no separate web server in a self-hosted install.
+django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-websocket_urlpatterns: list = []  # the chat app adds its consumer routes here
+from webapp.chat.routing import websocket_urlpatterns as chat_websocket_urlpatterns  # noqa: E402
+
+websocket_urlpatterns: list = [*chat_websocket_urlpatterns]
 
 application = ProtocolTypeRouter(
     {

@@ -7,4 +7,6 @@ urlpatterns = [
     path("", include("webapp.monitoring.urls")),
     path("", include("webapp.openai_api.urls")),
     path("admin/", admin.site.urls),
+    path("console/", include("webapp.console.urls")),
+    path("", include("webapp.chat.urls")),
 ]

@@ -5,11 +5,13 @@ from webapp.keys.models import ApiKey
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "owner", "is_revoked", "expires_at", "created_at", "last_used_at")
+    list_display = ("name", "prefix", "owner", "is_revoked", "expires_at", "max_requests_per_minute",
+                    "max_tokens_per_minute", "max_concurrent_requests", "token_budget", "tokens_used",
+                    "last_used_at")
     list_filter = ("is_revoked",)
     search_fields = ("name", "prefix", "owner__username")
     # Keys are created with `create_api_key` (or the console) so that the secret is shown once.
-    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
+    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at", "tokens_used")
 
     def has_add_permission(self, request):
         return False

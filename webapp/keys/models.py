@@ -23,6 +23,13 @@ class ApiKey(m.Model):  # `m`: the field below is called `models`
     is_revoked = m.BooleanField(default=False)
     created_at = m.DateTimeField(auto_now_add=True)
     last_used_at = m.DateTimeField(null=True, blank=True)
+    # Limits enforced by the API (webapp.keys.limits); null means unlimited.
+    max_requests_per_minute = m.PositiveIntegerField(null=True, blank=True)
+    max_tokens_per_minute = m.PositiveIntegerField(null=True, blank=True)  # prompt + completion
+    max_concurrent_requests = m.PositiveIntegerField(null=True, blank=True)
+    token_budget = m.PositiveBigIntegerField(null=True, blank=True)  # lifetime prompt + completion
+    # Kept on the key, not summed from usage records, which are deleted after their retention.
+    tokens_used = m.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]

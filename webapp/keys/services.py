@@ -21,23 +21,48 @@ PREFIX_LENGTH = len(KEY_MARKER) + 8
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+LIMIT_FIELDS = ("max_requests_per_minute", "max_tokens_per_minute", "max_concurrent_requests", "token_budget")
+
+
+def _validated_limits(limits: dict) -> dict:
+    unknown = set(limits) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValidationError(f"unknown limits: {', '.join(sorted(unknown))}", code="invalid_limit")
+    for name, value in limits.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValidationError(f"{name} must be a positive integer or empty", code="invalid_limit")
+    return limits
+
+
 def hash_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
 @transaction.atomic
 def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model] = (),
-                  expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """The new key and its secret, which is returned here and never again."""
+                  expires_at: datetime | None = None, **limits: int | None) -> tuple[ApiKey, str]:
+    """The new key and its secret, which is returned here and never again.
+
+    ``limits``: any of LIMIT_FIELDS (None or absent: unlimited).
+    """
     if not name.strip():
         raise ValidationError("an API key needs a name", code="invalid_name")
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError("expires_at must be in the future", code="invalid_expiry")
     raw_key = KEY_MARKER + secrets.token_urlsafe(32)  # 256 random bits
     api_key = ApiKey.objects.create(owner=owner, name=name.strip(), prefix=raw_key[:PREFIX_LENGTH],
-                                    key_hash=hash_key(raw_key), expires_at=expires_at)
+                                    key_hash=hash_key(raw_key), expires_at=expires_at,
+                                    **_validated_limits(limits))
     api_key.models.set(list(models))
     return api_key, raw_key
+
+
+def apikey_set_limits(*, api_key: ApiKey, **limits: int | None) -> ApiKey:
+    """Change some of the key's limits (None: unlimited); the others stay."""
+    for name, value in _validated_limits(limits).items():
+        setattr(api_key, name, value)
+    api_key.save(update_fields=list(limits))
+    return api_key
 
 
 def apikey_revoke(*, api_key: ApiKey) -> ApiKey:

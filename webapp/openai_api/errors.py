@@ -12,15 +12,19 @@ INVALID_REQUEST = "invalid_request_error"
 
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
 
     def to_dict(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        return JsonResponse(self.to_dict(), status=self.status)
+        response = JsonResponse(self.to_dict(), status=self.status)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
 
 
 def invalid_api_key(message: str = "Incorrect API key provided.") -> OpenAIError:
@@ -54,3 +58,10 @@ def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
     if info.code == WORKER_LOST:
         return OpenAIError(503, info.message, type="server_error", code=WORKER_LOST)
     return OpenAIError(500, info.message, type="server_error", code=info.code or INTERNAL_ERROR)
+
+
+def limit_exceeded(code: str, message: str, retry_after: int | None) -> OpenAIError:
+    """429 for a key over one of its limits (webapp.keys.enforcement); Retry-After when waiting helps."""
+    error_type = "insufficient_quota" if code == "budget_exhausted" else "rate_limit_exceeded"
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    return OpenAIError(429, message, type=error_type, code=code, headers=headers)

@@ -20,10 +20,12 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
+from webapp.keys.enforcement import apikey_release
 from webapp.openai_api import errors
 from webapp.openai_api.responses import DONE, StreamFormatter, completion_body, sse
-from webapp.openai_api.services import (Generation, Outcome, api_key_from_header, generation_finish,
-                                        generation_prepare, new_request_id, request_refused)
+from webapp.openai_api.services import (Generation, Outcome, api_key_from_header, generation_admit,
+                                        generation_finish, generation_prepare, new_request_id,
+                                        request_refused)
 from workers.protocol import Chunk
 from workers.transport import get_engine_client
 
@@ -55,6 +57,7 @@ async def respond(request: HttpRequest, endpoint: str) -> HttpResponse:
             raise errors.OpenAIError(413, "The request body is too large.", code="request_too_large")
         if data is None:
             raise errors.invalid_parameter(None, "We could not parse the JSON body of your request.")
+        await sync_to_async(generation_admit)(api_key=api_key, request_id=request_id)
         gen = await sync_to_async(generation_prepare)(request_id=request_id, endpoint=endpoint, api_key=api_key,
                                                       data=data, started=started)
     except errors.OpenAIError as exc:
@@ -62,6 +65,7 @@ async def respond(request: HttpRequest, endpoint: str) -> HttpResponse:
                                              data=data, error=exc, started=started)
         return exc.response()
     except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
+        await sync_to_async(apikey_release)(api_key=api_key, request_id=request_id)
         return _internal_error(exc).response()
     chunks = get_engine_client().generate(gen.engine_request())
     response = await (_stream(gen, chunks) if gen.stream else _complete(gen, chunks))

@@ -9,6 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from webapp.keys.enforcement import LimitExceeded, apikey_admit, apikey_release
 from webapp.keys.models import ApiKey
 from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
@@ -100,6 +101,14 @@ def api_key_from_header(authorization: str | None) -> ApiKey:
     return api_key
 
 
+def generation_admit(*, api_key: ApiKey, request_id: str) -> None:
+    """The key's limits let this request in (it then holds a concurrency slot until released)."""
+    try:
+        apikey_admit(api_key=api_key, request_id=request_id)
+    except LimitExceeded as exc:
+        raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
+
+
 def _validated(serializer_class, data) -> dict:
     if not isinstance(data, dict):
         raise errors.invalid_parameter(None, "The request body must be a JSON object.")
@@ -178,6 +187,8 @@ def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool
     prompt_tokens = outcome.num_prompt_tokens
     if prompt_tokens is None:  # no chunk arrived: the engine never counted it
         prompt_tokens = 0 if error_code else len(generation.prompt_token_ids)
+    apikey_release(api_key=generation.api_key, request_id=generation.request_id,
+                   tokens=prompt_tokens + outcome.num_output_tokens)
     observe_api_request(model=generation.model.slug, endpoint=generation.endpoint, status=status,
                         latency=latency, time_to_first_token=outcome.time_to_first_token)
     return usage_record_create(
@@ -194,6 +205,7 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     """Usage record of an authenticated request refused before reaching a worker."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
+    apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     latency = time.monotonic() - started
     # Metric labels only name registered models: a client's typo must not add a time series.
     observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=UsageRecord.Status.ERROR,

@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "webapp.keys",
     "webapp.usage",
     "webapp.openai_api",
+    "webapp.chat",
+    "webapp.console",
 ]
 
 MIDDLEWARE = [
@@ -45,6 +47,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "webapp.config.urls"
+LOGIN_URL = "chat:login"
+LOGIN_REDIRECT_URL = "chat:index"
+LOGOUT_REDIRECT_URL = "chat:login"
 WSGI_APPLICATION = "webapp.config.wsgi.application"
 ASGI_APPLICATION = "webapp.config.asgi.application"
 

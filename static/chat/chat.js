@@ -1,0 +1,269 @@
+// The chat page: one WebSocket (/ws/chat/) carries turns out and streamed deltas back.
+// Model output is Markdown rendered by markdown-it with raw HTML off, then sanitized by DOMPurify;
+// user messages are plain text (textContent), so neither can inject markup or script.
+(function () {
+  "use strict";
+  const state = JSON.parse(document.getElementById("chat-state").textContent);
+  const $ = (id) => document.getElementById(id);
+  const messagesEl = $("messages"), promptEl = $("prompt"), sendBtn = $("send"), stopBtn = $("stop");
+  const modelEl = $("model"), connectionEl = $("connection");
+
+  const md = window.markdownit({
+    html: false, linkify: true, breaks: false,
+    highlight(code, lang) {
+      if (lang && hljs.getLanguage(lang)) {
+        try { return hljs.highlight(code, { language: lang, ignoreIllegals: true }).value; } catch (e) { /* plain */ }
+      }
+      return ""; // markdown-it escapes it
+    },
+  });
+  const renderMarkdown = (text) => DOMPurify.sanitize(md.render(text), { USE_PROFILES: { html: true } });
+
+  let conversationId = state.conversation ? state.conversation.id : null;
+  let socket = null, streaming = null; // streaming: {el, body, text, frame}
+
+  // ---------------------------------------------------------------- settings
+  if (state.model) modelEl.value = state.model;
+  $("system-prompt").value = state.system_prompt || "";
+  function settings() {
+    return {
+      model: modelEl.value, system_prompt: $("system-prompt").value,
+      temperature: $("temperature").value, top_p: $("top-p").value, max_tokens: $("max-tokens").value,
+    };
+  }
+
+  // ---------------------------------------------------------------- scrolling
+  const nearBottom = () => messagesEl.scrollHeight - messagesEl.scrollTop - messagesEl.clientHeight < 40;
+  function keepScroll(update) {
+    const stick = nearBottom();
+    update();
+    if (stick) messagesEl.scrollTop = messagesEl.scrollHeight; // else the reader's position stays
+  }
+
+  // ---------------------------------------------------------------- messages
+  function addCopyButtons(root) {
+    root.querySelectorAll("pre").forEach((pre) => {
+      if (pre.querySelector(".copy")) return;
+      const button = document.createElement("button");
+      button.type = "button"; button.className = "copy"; button.textContent = "Copy";
+      button.addEventListener("click", () => {
+        const text = pre.querySelector("code") ? pre.querySelector("code").innerText : pre.innerText;
+        const done = () => { button.textContent = "Copied"; setTimeout(() => (button.textContent = "Copy"), 1200); };
+        if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).then(done);
+        else { const t = document.createElement("textarea"); t.value = text; document.body.appendChild(t);
+          t.select(); document.execCommand("copy"); t.remove(); done(); }
+      });
+      pre.appendChild(button);
+    });
+  }
+
+  function setAssistantBody(body, text) {
+    body.innerHTML = renderMarkdown(text);
+    addCopyButtons(body);
+  }
+
+  function metaText(m) {
+    const parts = [];
+    if (m.model) parts.push(m.model);
+    if (m.completion_tokens) parts.push(`${m.completion_tokens} tokens`);
+    if (m.tokens_per_s) parts.push(`${m.tokens_per_s.toFixed(1)} tok/s`);
+    if (m.prompt_tokens) parts.push(`prefix cache ${Math.round(100 * (m.cached_prompt_tokens || 0) / m.prompt_tokens)}%`);
+    if (m.finish_reason === "abort") parts.push("stopped");
+    else if (m.finish_reason === "length") parts.push("cut at max tokens");
+    return parts.join(" · ");
+  }
+
+  function messageEl(m) {
+    const el = document.createElement("article");
+    el.className = `message ${m.role}`;
+    if (m.id) el.dataset.id = m.id;
+    const body = document.createElement("div");
+    body.className = "body";
+    el.appendChild(body);
+    const footer = document.createElement("div");
+    footer.className = "footer";
+    el.appendChild(footer);
+    if (m.role === "user") {
+      body.textContent = m.content;
+      const edit = document.createElement("button");
+      edit.type = "button"; edit.className = "link edit"; edit.textContent = "Edit";
+      edit.addEventListener("click", () => startEdit(el));
+      footer.appendChild(edit);
+    } else {
+      setAssistantBody(body, m.content || "");
+      const meta = document.createElement("span");
+      meta.className = "meta"; meta.textContent = metaText(m);
+      footer.appendChild(meta);
+      const again = document.createElement("button");
+      again.type = "button"; again.className = "link regenerate"; again.textContent = "Regenerate";
+      again.addEventListener("click", () => send({ type: "regenerate", conversation: conversationId }));
+      footer.appendChild(again);
+    }
+    return el;
+  }
+
+  function refreshEmptyState() {
+    $("empty-state").hidden = messagesEl.querySelectorAll(".message").length > 0;
+  }
+
+  function startEdit(el) {
+    if (streaming || el.querySelector("textarea")) return;
+    const body = el.querySelector(".body");
+    const original = body.textContent;
+    const box = document.createElement("textarea");
+    box.value = original; box.rows = Math.min(12, original.split("\n").length + 1); box.className = "edit-box";
+    const save = document.createElement("button");
+    save.type = "button"; save.className = "primary"; save.textContent = "Save & send";
+    const cancel = document.createElement("button");
+    cancel.type = "button"; cancel.className = "link"; cancel.textContent = "Cancel";
+    body.replaceChildren(box, save, cancel);
+    box.focus();
+    cancel.addEventListener("click", () => { body.textContent = original; });
+    save.addEventListener("click", () => {
+      if (!box.value.trim()) return;
+      send({ type: "edit", conversation: conversationId, message: Number(el.dataset.id), content: box.value });
+      body.textContent = box.value;
+    });
+  }
+
+  function showError(text) {
+    const el = document.createElement("div");
+    el.className = "error-banner"; el.setAttribute("role", "alert"); el.textContent = text;
+    keepScroll(() => messagesEl.appendChild(el));
+  }
+
+  // ---------------------------------------------------------------- streaming
+  function setBusy(busy) {
+    sendBtn.hidden = busy; stopBtn.hidden = !busy;
+    messagesEl.classList.toggle("busy", busy);
+  }
+
+  function scheduleRender() {
+    if (!streaming || streaming.frame) return;
+    // One render per animation frame however many deltas arrived: no flicker, no wasted work.
+    streaming.frame = requestAnimationFrame(() => {
+      streaming.frame = 0;
+      keepScroll(() => setAssistantBody(streaming.body, streaming.text));
+    });
+  }
+
+  function onStart(msg) {
+    if (conversationId !== msg.conversation.id) {
+      conversationId = msg.conversation.id;
+      history.replaceState(null, "", `/c/${conversationId}/`);
+      addSidebarEntry(msg.conversation);
+    }
+    document.querySelectorAll(".error-banner").forEach((e) => e.remove());
+    const um = msg.user_message;
+    let userEl = messagesEl.querySelector(`.message[data-id="${um.id}"]`);
+    // Everything after the (new, edited or repeated) user message is replaced by the answer.
+    if (userEl) { while (userEl.nextElementSibling) userEl.nextElementSibling.remove(); userEl.replaceWith(userEl = messageEl(um)); }
+    else { userEl = messageEl(um); messagesEl.appendChild(userEl); }
+    const el = messageEl({ role: "assistant", content: "", model: msg.model });
+    el.classList.add("waiting");
+    el.querySelector(".body").innerHTML = '<span class="typing" aria-label="Waiting for the first token"><i></i><i></i><i></i></span>';
+    messagesEl.appendChild(el);
+    messagesEl.scrollTop = messagesEl.scrollHeight;
+    streaming = { el, body: el.querySelector(".body"), text: "", frame: 0 };
+    refreshEmptyState();
+    setBusy(true);
+  }
+
+  function onDelta(msg) {
+    if (!streaming) return;
+    if (streaming.el.classList.contains("waiting")) { streaming.el.classList.remove("waiting"); streaming.el.classList.add("streaming"); }
+    streaming.text += msg.text;
+    scheduleRender();
+  }
+
+  function finishStreaming() {
+    if (!streaming) return null;
+    if (streaming.frame) cancelAnimationFrame(streaming.frame);
+    const s = streaming; streaming = null;
+    s.el.classList.remove("waiting", "streaming");
+    setBusy(false);
+    return s;
+  }
+
+  function onDone(msg) {
+    const s = finishStreaming();
+    if (!s) return;
+    if (msg.message) {
+      const m = Object.assign({}, msg.message, { tokens_per_s: msg.tokens_per_s });
+      keepScroll(() => s.el.replaceWith(messageEl(m)));
+    } else {
+      s.el.remove(); // stopped before the first token
+    }
+  }
+
+  function onError(msg) {
+    const s = finishStreaming();
+    if (s && !s.text) s.el.remove();
+    showError(msg.message || "Something went wrong.");
+  }
+
+  function addSidebarEntry(conv) {
+    const list = $("conversation-list");
+    list.querySelectorAll(".conv.active").forEach((e) => e.classList.remove("active"));
+    const entry = document.createElement("div");
+    entry.className = "conv active"; entry.dataset.id = conv.id;
+    const link = document.createElement("a");
+    link.className = "conv-title"; link.href = `/c/${conv.id}/`; link.textContent = conv.title || "New chat";
+    entry.appendChild(link);
+    list.prepend(entry);
+  }
+
+  // ---------------------------------------------------------------- socket
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    socket = new WebSocket(`${scheme}://${location.host}/ws/chat/`);
+    socket.addEventListener("open", () => { connectionEl.textContent = "connected"; connectionEl.className = "connection ok"; });
+    socket.addEventListener("message", (event) => {
+      const msg = JSON.parse(event.data);
+      ({ start: onStart, delta: onDelta, done: onDone, error: onError }[msg.type] || (() => {}))(msg);
+    });
+    socket.addEventListener("close", (event) => {
+      connectionEl.textContent = "disconnected"; connectionEl.className = "connection bad";
+      if (streaming) onError({ message: "The connection was lost; the answer was stopped." });
+      if (event.code === 4401) { location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return; }
+      setTimeout(connect, 1500);
+    });
+  }
+
+  function send(payload) {
+    if (!socket || socket.readyState !== WebSocket.OPEN) { showError("Not connected to the server; retrying…"); return false; }
+    if (!modelEl.value) { showError("No model is active. Activate one in the admin first."); return false; }
+    socket.send(JSON.stringify(Object.assign(settings(), payload)));
+    return true;
+  }
+
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const content = promptEl.value;
+    if (!content.trim() || streaming) return;
+    if (send({ type: "send", conversation: conversationId, content })) promptEl.value = "";
+  });
+  promptEl.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+  stopBtn.addEventListener("click", () => socket && socket.send(JSON.stringify({ type: "stop" })));
+
+  document.querySelectorAll(".rename-form").forEach((form) => form.addEventListener("submit", (event) => {
+    const title = prompt("Rename the conversation", form.elements.title.value);
+    if (!title || !title.trim()) { event.preventDefault(); return; }
+    form.elements.title.value = title;
+  }));
+  document.querySelectorAll(".delete-form").forEach((form) => form.addEventListener("submit", (event) => {
+    if (!confirm("Delete this conversation?")) event.preventDefault();
+  }));
+
+  // ---------------------------------------------------------------- start
+  state.messages.forEach((m) => messagesEl.appendChild(messageEl(m)));
+  refreshEmptyState();
+  messagesEl.scrollTop = messagesEl.scrollHeight;
+  connect();
+  promptEl.focus();
+})();

@@ -1,0 +1,206 @@
+"""The chat WebSocket end to end inside this process: real auth middleware and sessions, the
+embedded in-memory transport and an embedded worker serving the tiny random Llama."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from engine import SamplingParams
+from engine.tokenizer import apply_chat_template
+from webapp.chat.models import Message
+from webapp.config.asgi import application
+from webapp.registry.models import Model, ModelVersion
+from webapp.usage.models import UsageRecord
+from workers import transport
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL = "tiny-chat"
+ENGINE_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 4}
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def chat_worker(tiny_llama_dir):
+    transport.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), ENGINE_SETTINGS)
+    assert transport.wait_for_embedded_worker(MODEL, timeout=90)
+    yield transport.get_engine_client()
+    transport.stop_embedded_workers(drain_timeout=5)
+
+
+@pytest.fixture
+def models(smollm2_tokenizer_dir, tiny_llama_dir):
+    """"tiny-chat" has a worker; "nobody" is active but no worker serves it."""
+    for slug in (MODEL, "nobody"):
+        ModelVersion.objects.create(model=Model.objects.create(slug=slug), number=1, path=str(tiny_llama_dir),
+                                    format="hf", status="active", tokenizer_dir=str(smollm2_tokenizer_dir))
+
+
+@pytest.fixture
+def alice():
+    return get_user_model().objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def session_cookie(alice) -> bytes:
+    client = Client()
+    client.force_login(alice)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def communicator(cookie: bytes | None = None, origin: bytes = b"http://127.0.0.1:8000") -> WebsocketCommunicator:
+    headers = [(b"host", b"127.0.0.1:8000"), (b"origin", origin)]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+
+
+async def receive_until(ws: WebsocketCommunicator, *types: str) -> list[dict]:
+    """Every message up to and including the first of one of ``types``."""
+    received = []
+    while True:
+        message = await ws.receive_json_from(timeout=TIMEOUT)
+        received.append(message)
+        if message["type"] in types:
+            return received
+
+
+def turn(**fields) -> dict:
+    return {"type": "send", "model": MODEL, "temperature": 0, "max_tokens": 12, "system_prompt": "", **fields}
+
+
+def worker_stats(client) -> dict:
+    return client.live_workers(MODEL)[0].stats
+
+
+async def stats_when(client, predicate, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not predicate(stats := worker_stats(client)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return stats
+
+
+@pytest.mark.asyncio
+async def test_anonymous_connection_is_refused(models):
+    ws = communicator()
+    connected, code = await ws.connect()
+    assert not connected and code == 4401
+
+
+@pytest.mark.asyncio
+async def test_foreign_origin_is_refused_even_with_a_session(models, session_cookie):
+    ws = communicator(session_cookie, origin=b"http://evil.example")
+    connected, _ = await ws.connect()
+    assert not connected
+
+
+@pytest.mark.asyncio
+async def test_turn_streams_deltas_then_the_saved_answer_and_the_next_turn_hits_the_prefix_cache(
+        models, session_cookie, chat_worker, smollm2_hf_tokenizer, tiny_llama_dir):
+    from engine import LLM
+
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Hello there"))
+    first = await receive_until(ws, "done", "error")
+    await ws.send_json_to(turn(content="And then?", conversation=first[0]["conversation"]["id"]))
+    second = await receive_until(ws, "done", "error")
+    await ws.disconnect()
+
+    start, *deltas, done = first
+    assert start["type"] == "start" and start["user_message"]["content"] == "Hello there"
+    assert done["type"] == "done", done
+    assert deltas and all(d["type"] == "delta" for d in deltas)
+    answer = "".join(d["text"] for d in deltas)
+    assert done["message"]["content"] == answer
+    # The reference: the engine's own chat template and greedy output on the same model.
+    history = [{"role": "user", "content": "Hello there"}]
+    prompt = apply_chat_template(smollm2_hf_tokenizer, history)
+    reference = LLM(str(tiny_llama_dir), **ENGINE_SETTINGS).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=12))[0]
+    assert answer == reference.text
+    assert done["usage"]["prompt_tokens"] == len(prompt)
+    assert done["usage"]["completion_tokens"] == len(reference.token_ids)
+    assert done["tokens_per_s"] is None or done["tokens_per_s"] > 0
+
+    history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+    second_done = second[-1]
+    assert second_done["type"] == "done", second_done
+    assert second_done["usage"]["prompt_tokens"] == len(apply_chat_template(smollm2_hf_tokenizer, history))
+    assert second_done["usage"]["cached_prompt_tokens"] > 0 and second_done["prefix_cache_hit"] > 0
+
+    saved = await sync_to_async(lambda: [(m.role, m.content) for m in Message.objects.all()])()
+    assert saved == [(m["role"], m["content"]) for m in history] + [("assistant", second_done["message"]["content"])]
+
+
+@pytest.mark.asyncio
+async def test_stop_aborts_the_generation_in_the_engine_and_keeps_the_partial_answer(
+        models, session_cookie, chat_worker):
+    aborted_before = worker_stats(chat_worker)["num_requests_finished"].get("abort", 0)
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Tell me a long story", max_tokens=450))
+    received = await receive_until(ws, "delta", "error")
+    assert received[-1]["type"] == "delta"
+    await ws.send_json_to({"type": "stop"})
+    rest = await receive_until(ws, "done", "error")
+    await ws.disconnect()
+
+    done = rest[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "abort"
+    assert 0 < done["usage"]["completion_tokens"] < 450
+    stats = await stats_when(chat_worker, lambda s: s["num_running"] == 0
+                             and s["num_requests_finished"].get("abort", 0) == aborted_before + 1)
+    assert stats["num_running"] == 0 and stats["num_requests_finished"]["abort"] == aborted_before + 1
+    message = await sync_to_async(Message.objects.get)(role="assistant")
+    assert message.finish_reason == "abort" and message.content == done["message"]["content"] != ""
+    usage = await sync_to_async(UsageRecord.objects.get)()
+    assert usage.status == UsageRecord.Status.ABORTED and usage.user_id is not None
+
+
+@pytest.mark.asyncio
+async def test_closing_the_socket_aborts_the_generation(models, session_cookie, chat_worker):
+    aborted_before = worker_stats(chat_worker)["num_requests_finished"].get("abort", 0)
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Tell me a long story", max_tokens=450))
+    assert (await receive_until(ws, "delta", "error"))[-1]["type"] == "delta"
+    await ws.disconnect()
+
+    stats = await stats_when(chat_worker, lambda s: s["num_running"] == 0
+                             and s["num_requests_finished"].get("abort", 0) == aborted_before + 1)
+    assert stats["num_running"] == 0 and stats["num_requests_finished"]["abort"] == aborted_before + 1
+
+
+@pytest.mark.asyncio
+async def test_a_model_without_a_worker_answers_with_an_error_message(models, session_cookie, chat_worker):
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Anyone?", model="nobody"))
+    start, error = await receive_until(ws, "done", "error")
+    await ws.disconnect()
+
+    assert start["type"] == "start"
+    assert error["type"] == "error" and error["code"] == "no_worker" and "nobody" in error["message"]
+    usage = await sync_to_async(UsageRecord.objects.get)()
+    assert usage.status == UsageRecord.Status.ERROR and usage.error_code == "no_worker"
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_model_is_refused_before_anything_is_saved(models, session_cookie):
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Hi", model="missing"))
+    error = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.disconnect()
+
+    assert error["type"] == "error" and error["code"] == "model_not_found" and error["param"] == "model"
+    assert await sync_to_async(Message.objects.count)() == 0

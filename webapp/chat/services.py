@@ -1,0 +1,198 @@
+"""Writes of conversations, and one chat turn: the history becomes an engine request, its outcome a message.
+
+Synchronous (ORM); the consumer calls these through ``database_sync_to_async``. Tokenizing goes
+through registry.tokenizers (the model's own chat template), usage through usage.services, and the
+chunks are summed by openai_api.services.Outcome, exactly as for the OpenAI-compatible API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from webapp.chat.models import Conversation, Message
+from webapp.chat.selectors import conversation_get
+from webapp.monitoring.metrics import observe_api_request
+from webapp.openai_api.services import Outcome
+from webapp.registry.models import Model, ModelVersion
+from webapp.registry.selectors import modelversion_get_active
+from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
+from webapp.usage.models import UsageRecord
+from webapp.usage.services import usage_record_create
+from workers.protocol import GenerateRequest
+
+TITLE_LENGTH = 60
+ACTIONS = ("send", "regenerate", "edit")
+# Usage is accounted under the chat-completions endpoint: the page is a chat completion without a key.
+ENDPOINT = UsageRecord.Endpoint.CHAT_COMPLETIONS
+
+
+class ChatInputError(Exception):
+    """A turn the page must refuse; shown to the user as an error message."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+    def to_dict(self) -> dict:
+        return {"type": "error", "code": self.code, "message": self.message, "param": self.param}
+
+
+@dataclass
+class Turn:
+    request_id: str
+    user: object
+    conversation: Conversation
+    user_message: Message
+    model: Model
+    version: ModelVersion
+    prompt_token_ids: list[int]
+    params: dict  # SamplingParams keyword arguments
+    started: float  # time.monotonic()
+
+    def engine_request(self) -> GenerateRequest:
+        return GenerateRequest(request_id=self.request_id, model=self.model.slug,
+                               prompt_token_ids=self.prompt_token_ids, params=self.params)
+
+
+def conversation_create(*, user, title: str = "") -> Conversation:
+    return Conversation.objects.create(user=user, title=title[:200])
+
+
+def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
+    conversation.title = title.strip()[:200]
+    conversation.save(update_fields=["title", "updated_at"])
+    return conversation
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    conversation.delete()
+
+
+def _number(data: dict, name: str, low: float, high: float, *, integer: bool = False):
+    value = data.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise ChatInputError("invalid_parameter", f"{name} must be a number", name) from None
+    if not low <= number <= high:
+        raise ChatInputError("invalid_parameter", f"{name} must be between {low} and {high}", name)
+    return number
+
+
+def _sampling_params(data: dict) -> dict:
+    params = {"max_tokens": _number(data, "max_tokens", 1, 1_000_000, integer=True)}
+    for name, high in (("temperature", 2.0), ("top_p", 1.0)):
+        value = _number(data, name, 0.0, high)
+        if value is not None:
+            params[name] = value
+    return params
+
+
+def _text(data: dict, name: str) -> str:
+    value = data.get(name) or ""
+    if not isinstance(value, str):
+        raise ChatInputError("invalid_parameter", f"{name} must be text", name)
+    return value
+
+
+def _apply_action(*, user, action: str, data: dict) -> tuple[Conversation, Message]:
+    """Write the turn's user side: a new message, an edited one, or the last one again."""
+    conversation_id = data.get("conversation")
+    conversation = conversation_get(user=user, conversation_id=conversation_id) if conversation_id else None
+    if conversation_id and conversation is None:
+        raise ChatInputError("not_found", "This conversation no longer exists.", "conversation")
+    if action == "send":
+        content = _text(data, "content")
+        if not content.strip():
+            raise ChatInputError("invalid_parameter", "Type a message first.", "content")
+        if conversation is None:
+            conversation = conversation_create(user=user, title=" ".join(content.split())[:TITLE_LENGTH])
+        return conversation, Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                                    content=content)
+    if conversation is None:
+        raise ChatInputError("invalid_parameter", f"{action} needs a conversation", "conversation")
+    if action == "regenerate":
+        user_message = conversation.messages.filter(role=Message.Role.USER).last()
+        if user_message is None:
+            raise ChatInputError("invalid_parameter", "There is no message to answer again.", "conversation")
+    else:
+        user_message = conversation.messages.filter(role=Message.Role.USER, pk=data.get("message")).first() \
+            if str(data.get("message", "")).isdigit() else None
+        if user_message is None:
+            raise ChatInputError("invalid_parameter", "Only your own messages can be edited.", "message")
+        content = _text(data, "content")
+        if not content.strip():
+            raise ChatInputError("invalid_parameter", "A message cannot be empty.", "content")
+        user_message.content = content
+        user_message.save(update_fields=["content"])
+    # Everything after the message is replaced by the new answer.
+    conversation.messages.filter(pk__gt=user_message.pk).delete()
+    return conversation, user_message
+
+
+def turn_prepare(*, user, data: dict, started: float) -> Turn:
+    """Validate a page message, save its user side and tokenize the whole history; ChatInputError if refused."""
+    action = data.get("type")
+    if action not in ACTIONS:
+        raise ChatInputError("invalid_parameter", f"unknown message type {action!r}", "type")
+    slug = _text(data, "model")
+    version = modelversion_get_active(slug=slug)
+    if version is None:
+        raise ChatInputError("model_not_found", f"The model {slug!r} is not served.", "model")
+    if not version.tokenizer_dir:
+        raise ChatInputError("model_not_ready", f"The model {slug!r} is still being prepared.", "model")
+    params = _sampling_params(data)
+    system_prompt = _text(data, "system_prompt")
+    tokenizer = load_tokenizer(version.tokenizer_dir)
+    with transaction.atomic():
+        conversation, user_message = _apply_action(user=user, action=action, data=data)
+        conversation.model_name, conversation.system_prompt = slug, system_prompt
+        conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
+        history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+        history += [{"role": m.role, "content": m.content} for m in conversation.messages.all()]
+        try:
+            # The same rendering every turn, so a conversation's earlier turns are a prefix of the
+            # next prompt and the engine's prefix cache serves them.
+            prompt_ids = tokenizer.apply_chat_template(history)
+        except ChatTemplateError as exc:
+            raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
+    return Turn(request_id="chat-" + uuid.uuid4().hex, user=user, conversation=conversation,
+                user_message=user_message, model=version.model, version=version, prompt_token_ids=prompt_ids,
+                params=params, started=started)
+
+
+def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
+    """Save the answer (a stopped one keeps what had arrived) and its usage record."""
+    if aborted or outcome.finish_reason == "abort":
+        status, finish_reason = UsageRecord.Status.ABORTED, "abort"
+    elif outcome.error is not None or not outcome.finished:
+        status, finish_reason = UsageRecord.Status.ERROR, ""
+    else:
+        status, finish_reason = UsageRecord.Status.OK, outcome.finish_reason or ""
+    error_code = outcome.error.code if outcome.error is not None else None
+    prompt_tokens = outcome.num_prompt_tokens
+    if prompt_tokens is None:
+        prompt_tokens = 0 if error_code else len(turn.prompt_token_ids)
+    latency = time.monotonic() - turn.started
+    message = None
+    with transaction.atomic():
+        if outcome.text or status == UsageRecord.Status.OK:
+            message = Message.objects.create(
+                conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
+                model_name=turn.model.slug, prompt_tokens=prompt_tokens, completion_tokens=outcome.num_output_tokens,
+                cached_prompt_tokens=outcome.num_cached_tokens, finish_reason=finish_reason)
+        usage_record_create(
+            request_id=turn.request_id, endpoint=ENDPOINT, status=status, latency=latency, user=turn.user,
+            model=turn.model, version=turn.version, model_name=turn.model.slug, prompt_tokens=prompt_tokens,
+            completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
+            time_to_first_token=outcome.time_to_first_token, finish_reason=finish_reason or None,
+            error_code=error_code)
+    observe_api_request(model=turn.model.slug, endpoint=ENDPOINT, status=status, latency=latency,
+                        time_to_first_token=outcome.time_to_first_token)
+    return message

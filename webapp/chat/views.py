@@ -1,0 +1,53 @@
+"""The chat page and the sidebar's rename / delete; the conversation itself runs over the WebSocket."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from webapp.chat.selectors import conversation_get, conversation_list, message_list, message_to_dict
+from webapp.chat.services import conversation_delete, conversation_rename
+from webapp.registry.selectors import modelversion_list_active
+
+
+def _owned(request, conversation_id: int):
+    conversation = conversation_get(user=request.user, conversation_id=conversation_id)
+    if conversation is None:
+        raise Http404("no such conversation")
+    return conversation
+
+
+@login_required
+def chat_page(request, conversation_id: int | None = None):
+    conversation = _owned(request, conversation_id) if conversation_id is not None else None
+    models = [version.model.slug for version in modelversion_list_active()]
+    state = {
+        "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
+        "messages": [message_to_dict(m) for m in message_list(conversation=conversation)] if conversation else [],
+        "models": models,
+        "model": conversation.model_name if conversation and conversation.model_name in models
+        else (models[0] if models else ""),
+        "system_prompt": conversation.system_prompt if conversation else "",
+    }
+    return render(request, "chat/index.html", {
+        "conversations": conversation_list(user=request.user), "conversation": conversation,
+        "models": models, "state": state})
+
+
+@login_required
+@require_POST
+def conversation_rename_view(request, conversation_id: int):
+    conversation = _owned(request, conversation_id)
+    title = request.POST.get("title", "").strip()
+    if title:
+        conversation_rename(conversation=conversation, title=title)
+    return redirect("chat:conversation", conversation_id=conversation.pk)
+
+
+@login_required
+@require_POST
+def conversation_delete_view(request, conversation_id: int):
+    conversation_delete(conversation=_owned(request, conversation_id))
+    return redirect("chat:index")

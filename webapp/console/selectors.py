@@ -1,0 +1,72 @@
+"""Reads behind the console's workers page: one row per worker, live or lost, and uncovered models.
+
+Liveness comes from workers.transport (a worker is live while its heartbeat is fresh). A worker
+this web process saw before and no longer hears from is listed as "lost" for LOST_KEPT_S, so a
+crash shows on the page instead of a row silently disappearing. (Each web process remembers the
+workers it has seen itself.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from webapp.registry.selectors import modelversion_list_active
+from workers.protocol import HEARTBEAT_INTERVAL_S, WorkerInfo
+from workers.transport import get_engine_client
+
+LOST_KEPT_S = 600.0
+LATE_AFTER_S = 3 * HEARTBEAT_INTERVAL_S  # a live worker this quiet is flagged "late"
+
+_seen: dict[str, WorkerInfo] = {}
+_seen_lock = threading.Lock()
+
+
+def percentile(samples: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of the samples; None without samples."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least 1
+    return ordered[int(rank) - 1]
+
+
+def _row(info: WorkerInfo, state: str, now: float) -> dict:
+    stats = info.stats or {}
+    latency = stats.get("latency") or {}
+    ttft = (latency.get("time_to_first_token") or {}).get("recent") or []
+    tpot = (latency.get("time_per_output_token") or {}).get("recent") or []
+    queried = stats.get("prefix_cache_queried_tokens") or 0
+    return {
+        "worker_id": info.worker_id, "model": info.model, "version": info.version, "host": info.host,
+        "pid": info.pid, "state": state, "draining": info.draining,
+        "uptime_s": round(now - info.started_at, 1), "heartbeat_age_s": round(now - info.last_heartbeat, 1),
+        "num_running": stats.get("num_running", 0), "num_waiting": stats.get("num_waiting", 0),
+        "kv_cache_usage": stats.get("kv_cache_usage", 0.0),
+        "prefix_cache_hit_rate": (stats.get("prefix_cache_hit_tokens", 0) / queried) if queried else None,
+        "tokens_per_s": stats.get("tokens_per_s", 0.0),
+        "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
+        "itl_p50": percentile(tpot, 50), "itl_p95": percentile(tpot, 95),
+    }
+
+
+def worker_rows(*, now: float | None = None) -> list[dict]:
+    """Every live worker, then the recently lost ones, sorted by model."""
+    now = time.time() if now is None else now
+    live = {info.worker_id: info for info in get_engine_client().live_workers()}
+    with _seen_lock:
+        _seen.update(live)
+        for worker_id in [w for w, info in _seen.items() if now - info.last_heartbeat > LOST_KEPT_S]:
+            del _seen[worker_id]
+        lost = [info for worker_id, info in _seen.items() if worker_id not in live]
+    rows = [_row(info, "late" if now - info.last_heartbeat > LATE_AFTER_S else "live", now)
+            for info in live.values()]
+    rows += [_row(info, "lost", now) for info in lost]
+    return sorted(rows, key=lambda row: (row["model"], row["state"] != "live", row["worker_id"]))
+
+
+def models_without_worker(*, rows: list[dict]) -> list[dict]:
+    """Active versions that no live worker serves: {"model", "version"}."""
+    served = {(row["model"], row["version"]) for row in rows if row["state"] != "lost"}
+    return [{"model": v.model.slug, "version": v.label} for v in modelversion_list_active()
+            if (v.model.slug, v.label) not in served]

@@ -1,0 +1,77 @@
+"""The admin console's pages (staff only). Thin: rows come from selectors."""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime, time, timedelta, timezone as dt_timezone
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from webapp.console.selectors import models_without_worker, worker_rows
+from webapp.usage.selectors import GROUPS, TOTAL_COLUMNS, usage_totals_by
+
+DEFAULT_DAYS = 30
+
+
+@staff_member_required
+def workers_page(request):
+    rows = worker_rows()
+    return render(request, "console/workers.html",
+                  {"rows": rows, "uncovered": models_without_worker(rows=rows), "page": "workers"})
+
+
+@staff_member_required
+def workers_json(request):
+    """What the workers page polls to refresh itself."""
+    rows = worker_rows()
+    return JsonResponse({"workers": rows, "uncovered": models_without_worker(rows=rows)})
+
+
+def _period(request) -> tuple[int, datetime]:
+    try:
+        days = max(1, min(3650, int(request.GET.get("days", DEFAULT_DAYS))))
+    except ValueError:
+        days = DEFAULT_DAYS
+    today = timezone.now().date()
+    since = timezone.make_aware(datetime.combine(today - timedelta(days=days - 1), time.min), dt_timezone.utc)
+    return days, since
+
+
+def _group(request) -> str:
+    group = request.GET.get("group", "day")
+    if group not in GROUPS:
+        raise Http404("unknown group")
+    return group
+
+
+def _label(row: dict, group: str) -> str:
+    if group == "key":
+        return f"{row['api_key__name']} ({row['api_key__prefix']}…)" if row["api_key__prefix"] else "(deleted key)"
+    value = row[GROUPS[group][0]]
+    return str(value) if value not in (None, "") else "(none)"
+
+
+@staff_member_required
+def usage_page(request):
+    group, (days, since) = _group(request), _period(request)
+    rows = usage_totals_by(group=group, since=since)
+    for row in rows:
+        row["label"] = _label(row, group)
+    return render(request, "console/usage.html", {
+        "rows": rows, "group": group, "groups": list(GROUPS), "days": days, "page": "usage",
+        "max_tokens": max([row["total_tokens"] or 0 for row in rows] or [0]) or 1})
+
+
+@staff_member_required
+def usage_csv(request):
+    group, (days, since) = _group(request), _period(request)
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="usage-by-{group}-{days}d.csv"'
+    writer = csv.writer(response)
+    writer.writerow([group, *TOTAL_COLUMNS])
+    for row in usage_totals_by(group=group, since=since):
+        writer.writerow([_label(row, group), *(row[column] or 0 for column in TOTAL_COLUMNS)])
+    return response
