@@ -4,6 +4,7 @@ Distributed mode: reads the version's path and engine settings from the registry
 workers.engine_worker.run_worker in this process until SIGTERM (which drains).
 """
 
+import os
 import sys
 
 from django.conf import settings
@@ -28,6 +29,10 @@ class Command(BaseCommand):
         version = modelversion_get_active(slug=model)
         if version is None:
             raise CommandError(f"no active version of the model {model!r}")
+        # OpenMP threads that spin while waiting starve the web server, Redis and each other on
+        # a small host: with 2 cores a worker next to Daphne ran several times slower spinning
+        # than sleeping (bench/serve.py). Read once, when torch loads OpenMP, so set it first.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from workers.engine_worker import run_worker  # loads the engine (torch): only here
 
         self.stdout.write(f"serving {version} from {version.path}")
