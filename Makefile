@@ -50,7 +50,9 @@ test: system-deps venv
 run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_bundled_model && $(PY) manage.py ensure_admin
-	@echo "Pagoda on http://$(HOST):$(PORT)/  (OpenAI API under /v1; get a key with: $(PY) manage.py create_api_key --name me)"
+	@echo "Pagoda on http://$(HOST):$(PORT)/ - chat: log in as admin (password printed above on the"
+	@echo "first run; reset it with: $(PY) manage.py changepassword admin); console: /console/workers/;"
+	@echo "OpenAI API: http://$(HOST):$(PORT)/v1 with a key from: $(PY) manage.py create_api_key --name me"
 	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application
 
 bench: venv
