@@ -24,6 +24,14 @@ TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 256}
 WORKER_START_TIMEOUT_S = 90
 
 
+
+@pytest.fixture(scope="session")
+def redis_server(redis_server):
+    """The suite's redis-server, database 1: these tests count the workers they see, so they must
+    not see the end-to-end tests' workers (database 0). Keys are per database; the abort
+    channels are not, but they carry unique request ids."""
+    return redis_server.rsplit("/", 1)[0] + "/1"
+
 @pytest.fixture(scope="session")
 def reference_llm(tiny_llama_dir):
     """The engine itself, in this process, with the workers' settings."""
