@@ -9,3 +9,13 @@ urlpatterns = [
     path("usage/", views.usage_page, name="usage"),
     path("usage.csv", views.usage_csv, name="usage-csv"),
 ]
+
+# The models page (webapp/console/model_views.py).
+from webapp.console import model_views  # noqa: E402
+
+urlpatterns += [
+    path("models/", model_views.models_page, name="models"),
+    path("models.json", model_views.models_json, name="models-json"),
+    path("models/versions/<int:version_id>/<slug:action>/", model_views.version_action,
+         name="version-action"),
+]

@@ -21,4 +21,5 @@ class ModelAdmin(admin.ModelAdmin):
 class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ("model", "number", "format", "status", "path", "activated_at")
     list_filter = ("status", "format")
-    readonly_fields = ("tokenizer_dir", "error", "created_at", "activated_at")
+    readonly_fields = ("tokenizer_dir", "error", "step", "progress", "validation", "created_at",
+                       "activated_at")

