@@ -19,3 +19,12 @@ urlpatterns += [
     path("models/versions/<int:version_id>/<slug:action>/", model_views.version_action,
          name="version-action"),
 ]
+
+# The keys page (webapp/console/keys_views.py).
+from webapp.console import keys_views  # noqa: E402
+
+urlpatterns += [
+    path("keys/", keys_views.keys_page, name="keys"),
+    path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
+    path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),
+]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.usage.models import UsageRecord
+from webapp.usage.models import UsageDaily, UsageRecord
 
 
 @admin.register(UsageRecord)
@@ -9,6 +9,19 @@ class UsageRecordAdmin(admin.ModelAdmin):
                     "completion_tokens", "time_to_first_token", "latency")
     list_filter = ("status", "endpoint", "model")
     search_fields = ("request_id", "model_name")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(UsageDaily)
+class UsageDailyAdmin(admin.ModelAdmin):
+    list_display = ("day", "model_slug", "api_key", "user", "requests", "errors", "prompt_tokens",
+                    "completion_tokens", "cached_prompt_tokens")
+    list_filter = ("day", "model_slug")
 
     def has_add_permission(self, request):
         return False

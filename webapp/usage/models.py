@@ -44,3 +44,28 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_name} {self.status}"
+
+
+class UsageDaily(models.Model):
+    """One day's totals (UTC) per key, user and model, summed from UsageRecord by
+    webapp.usage.services.usage_rollup_day; they outlive the raw records, which are purged."""
+
+    day = models.DateField(db_index=True)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="daily_usage")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="daily_usage")
+    model_slug = models.CharField(max_length=200, blank=True)  # the registry slug, else the name asked for
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)  # every status but ok
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cached_prompt_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-day", "model_slug"]
+        verbose_name_plural = "usage daily totals"
+        constraints = [models.UniqueConstraint(fields=["day", "api_key", "user", "model_slug"],
+                                               name="usage_daily_one_row_per_day_key_user_model")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model_slug} {self.requests} requests"

@@ -1,8 +1,17 @@
-"""Writes of usage records."""
+"""Writes of usage records, their daily roll-ups and their purge."""
 
 from __future__ import annotations
 
-from webapp.usage.models import UsageRecord
+from datetime import date, datetime, time, timedelta, timezone as dt_timezone
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce, TruncDate
+from django.utils import timezone
+
+from webapp.usage.models import UsageDaily, UsageRecord
 
 
 def usage_record_create(*, request_id: str, endpoint: str, status: str, latency: float, api_key=None,
@@ -19,3 +28,56 @@ def usage_record_create(*, request_id: str, endpoint: str, status: str, latency:
     record.full_clean(exclude=["api_key", "user", "model", "version"])  # links were just loaded
     record.save()
     return record
+
+
+# Roll-ups and retention: raw records become one UsageDaily row per day, key, user and model, and
+# raw records older than PAGODA_USAGE_RETENTION_DAYS are deleted once their day is rolled up.
+
+def _day_bounds(day: date) -> tuple[datetime, datetime]:
+    """[start, end) of a UTC calendar day."""
+    start = datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+    return start, start + timedelta(days=1)
+
+
+@transaction.atomic
+def usage_rollup_day(*, day: date) -> list[UsageDaily]:
+    """Recompute ``day``'s UsageDaily rows from its raw records (delete, then insert); running it
+    again gives the same rows. A day whose raw records were already purged is left as it is."""
+    start, end = _day_bounds(day)
+    records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+    if not records.exists():
+        return list(UsageDaily.objects.filter(day=day))
+    groups = (records.annotate(slug=Coalesce("model__slug", "model_name")).values("api_key", "user", "slug")
+              .order_by()
+              .annotate(requests=Count("id"), errors=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
+                        prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+                        cached_prompt_tokens=Sum("cached_prompt_tokens")))
+    UsageDaily.objects.filter(day=day).delete()
+    return UsageDaily.objects.bulk_create([
+        UsageDaily(day=day, api_key_id=g["api_key"], user_id=g["user"], model_slug=g["slug"] or "",
+                   requests=g["requests"], errors=g["errors"], prompt_tokens=g["prompt_tokens"],
+                   completion_tokens=g["completion_tokens"], cached_prompt_tokens=g["cached_prompt_tokens"])
+        for g in groups])
+
+
+@transaction.atomic
+def usage_purge(*, older_than_days: int | None = None, today: date | None = None) -> int:
+    """Delete raw records from days before ``today - older_than_days`` (default: the
+    PAGODA_USAGE_RETENTION_DAYS setting) whose day is rolled up, i.e. whose UsageDaily rows count
+    exactly that day's records; other days are kept. Returns how many records were deleted."""
+    if older_than_days is None:
+        older_than_days = settings.PAGODA_USAGE_RETENTION_DAYS
+    if not isinstance(older_than_days, int) or older_than_days < 1:
+        raise ValidationError("older_than_days must be a positive integer", code="invalid_retention")
+    cutoff, _ = _day_bounds((today or timezone.now().date()) - timedelta(days=older_than_days))
+    old = UsageRecord.objects.filter(created_at__lt=cutoff)
+    raw_counts = dict(old.annotate(day=TruncDate("created_at")).values("day").order_by()
+                      .annotate(n=Count("id")).values_list("day", "n"))
+    rolled_counts = dict(UsageDaily.objects.filter(day__in=list(raw_counts)).values("day").order_by()
+                         .annotate(n=Sum("requests")).values_list("day", "n"))
+    deleted = 0
+    for day, count in raw_counts.items():
+        if rolled_counts.get(day) == count:
+            start, end = _day_bounds(day)
+            deleted += old.filter(created_at__gte=start, created_at__lt=end).delete()[0]
+    return deleted

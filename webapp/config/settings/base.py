@@ -121,3 +121,15 @@ LOGGING = {
         "django": {"level": LOG_LEVEL},
     },
 }
+
+# Usage retention: raw UsageRecords older than this many days are deleted once their day is
+# rolled up into UsageDaily (webapp/usage/tasks.py). Both jobs run daily from Celery beat.
+PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", "90"))
+from celery.schedules import crontab  # noqa: E402
+
+CELERY_BEAT_SCHEDULE = {
+    **globals().get("CELERY_BEAT_SCHEDULE", {}),
+    # Just after midnight UTC, when yesterday is complete; the purge after the roll-up.
+    "usage-rollup-yesterday": {"task": "usage.rollup_yesterday", "schedule": crontab(hour=0, minute=15)},
+    "usage-purge-expired": {"task": "usage.purge_expired", "schedule": crontab(hour=0, minute=45)},
+}

@@ -1,0 +1,110 @@
+"""The console's keys page (staff only): list, create (the secret is shown once), revoke, edit limits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from webapp.keys.models import ApiKey
+from webapp.keys.services import LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits
+from webapp.registry.models import Model, ModelVersion
+
+LIMIT_LABELS = {"max_requests_per_minute": "Requests / minute", "max_tokens_per_minute": "Tokens / minute",
+                "max_concurrent_requests": "Concurrent requests", "token_budget": "Token budget"}
+
+
+def _limit_field(name: str) -> forms.IntegerField:
+    return forms.IntegerField(label=LIMIT_LABELS[name], required=False, min_value=1,
+                              help_text="empty: unlimited")
+
+
+class LimitsForm(forms.Form):
+    max_requests_per_minute = _limit_field("max_requests_per_minute")
+    max_tokens_per_minute = _limit_field("max_tokens_per_minute")
+    max_concurrent_requests = _limit_field("max_concurrent_requests")
+    token_budget = _limit_field("token_budget")
+
+
+class KeyCreateForm(LimitsForm):
+    name = forms.CharField(max_length=200)
+    owner = forms.ModelChoiceField(queryset=get_user_model().objects.order_by("username"))
+    models = forms.ModelMultipleChoiceField(
+        queryset=Model.objects.filter(versions__status=ModelVersion.Status.ACTIVE).distinct().order_by("slug"),
+        required=False, help_text="none selected: every model")
+    expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=36500,
+                                         help_text="empty: never expires")
+
+    field_order = ["name", "owner", "models", "expires_in_days", *LIMIT_FIELDS]
+
+
+def _limits(form: forms.Form) -> dict:
+    return {name: form.cleaned_data[name] for name in LIMIT_FIELDS}
+
+
+def _key_rows() -> list[ApiKey]:
+    keys = list(ApiKey.objects.select_related("owner").prefetch_related("models").order_by("-created_at"))
+    for key in keys:
+        key.limit_values = [(f, LIMIT_LABELS[f], getattr(key, f)) for f in LIMIT_FIELDS]
+    return keys
+
+
+def _page(request, form: KeyCreateForm, status: int = 200):
+    return render(request, "console/keys.html", {
+        "keys": _key_rows(), "form": form, "now": timezone.now(), "page": "keys"}, status=status)
+
+
+@staff_member_required
+@never_cache  # the response to a create carries the secret
+def keys_page(request):
+    if request.method != "POST":
+        return _page(request, KeyCreateForm())
+    form = KeyCreateForm(request.POST)
+    if form.is_valid():
+        days = form.cleaned_data["expires_in_days"]
+        try:
+            api_key, raw_key = apikey_create(
+                owner=form.cleaned_data["owner"], name=form.cleaned_data["name"],
+                models=form.cleaned_data["models"],
+                expires_at=timezone.now() + timedelta(days=days) if days else None, **_limits(form))
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            # Rendered, not redirected to: nothing can show this secret again.
+            return render(request, "console/keys_created.html",
+                          {"api_key": api_key, "raw_key": raw_key, "page": "keys"})
+    return _page(request, form, status=400)
+
+
+@staff_member_required
+@require_POST
+def key_revoke(request, key_id: int):
+    api_key = apikey_revoke(api_key=get_object_or_404(ApiKey, pk=key_id))
+    messages.success(request, f"Revoked {api_key}.")
+    return redirect("console:keys")
+
+
+@staff_member_required
+@require_POST
+def key_limits(request, key_id: int):
+    api_key = get_object_or_404(ApiKey, pk=key_id)
+    form = LimitsForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(f"{LIMIT_LABELS.get(f, f)}: {' '.join(e)}" for f, e in form.errors.items())
+        messages.error(request, f"Limits of {api_key} not changed: {problems}")
+        return redirect("console:keys")
+    try:
+        apikey_set_limits(api_key=api_key, **_limits(form))
+    except ValidationError as error:
+        messages.error(request, f"Limits of {api_key} not changed: {' '.join(error.messages)}")
+    else:
+        messages.success(request, f"Limits of {api_key} saved.")
+    return redirect("console:keys")
