@@ -48,8 +48,6 @@ class EngineConfig:
               "num_kv_blocks", "must be at least 1")
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
-        check(self.max_num_batched_tokens >= self.max_num_seqs or self.max_num_batched_tokens >= 1,
-              "max_num_batched_tokens", "must be at least 1")
         check(self.max_model_len is None or self.max_model_len >= 1,
               "max_model_len", "must be at least 1")
         check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",

@@ -206,6 +206,9 @@ class LLMEngine:
         del self._requests[req.seq.request_id]
         req.metrics.finished_time = time.monotonic()
         delta = req.detokenizer.get_delta(finished=True)
+        if reason == FinishReason.LENGTH and req.detokenizer.matched_stop is not None:
+            # A stop string completed only by text held back until the end (a split character).
+            reason, stop_reason = FinishReason.STOP, req.detokenizer.matched_stop
         return self._output(req, delta, token_ids, logprobs, reason, stop_reason)
 
     @staticmethod
