@@ -18,7 +18,7 @@ import openai
 import pytest
 import redis
 
-from tests.e2e.conftest import TINY_SETTINGS, make_site
+from tests.e2e.sites import TINY_SETTINGS, make_site
 from workers.redis_transport import reply_stream
 
 pytestmark = pytest.mark.slow

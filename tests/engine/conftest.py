@@ -1,25 +1,15 @@
 """Session fixtures shared by the engine tests: the bundled SmolLM2 and tiny random checkpoints.
 
-The tiny checkpoints use the SmolLM2 tokenizer (vocab 49152) so that text round-trips through
-them, and are saved the way Hugging Face saves any model: config.json, generation_config.json,
-model.safetensors, tokenizer.json and tokenizer_config.json (with the chat template).
+The tiny checkpoints have the suite's tiny Llama sizes (tests/conftest.py) and use the SmolLM2
+tokenizer (vocab 49152) so that text round-trips through them; they are saved the way Hugging
+Face saves any model: config.json, generation_config.json, model.safetensors, tokenizer.json and
+tokenizer_config.json (with the chat template).
 """
 
 import pytest
 import torch
 
-TINY_SIZES = dict(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+from tests.conftest import TINY_LLAMA_SIZES
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +50,7 @@ def tiny_qwen2_dir(tmp_path_factory, smollm2_tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     return _save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), Qwen2ForCausalLM,
-                      Qwen2Config(**TINY_SIZES), smollm2_tokenizer)
+                      Qwen2Config(**TINY_LLAMA_SIZES), smollm2_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +59,7 @@ def tiny_llama3_rope_dir(tmp_path_factory, smollm2_tokenizer):
 
     rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    config = LlamaConfig(**TINY_SIZES, rope_scaling=rope_scaling)
+    config = LlamaConfig(**TINY_LLAMA_SIZES, rope_scaling=rope_scaling)
     return _save_tiny(tmp_path_factory.mktemp("tiny_llama3_rope"), LlamaForCausalLM,
                       config, smollm2_tokenizer)
 

@@ -1,4 +1,7 @@
-"""ASGI entry point (Daphne): HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point (Daphne): HTTP through Django, WebSockets through Channels.
+
+Under Daphne, SIGTERM/SIGINT drains running requests before the process exits (webapp/config/shutdown.py).
+"""
 
 import os
 
@@ -26,3 +29,7 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+from webapp.config.shutdown import drain_on_server_shutdown  # noqa: E402
+
+drain_on_server_shutdown()

@@ -5,6 +5,10 @@ reached through workers.transport's EngineClient, whose iterator aborts the requ
 engine when it is closed early. Both paths close it on every way out (``aclosing``), so a client
 that goes away (Django cancels the view task, or closes the streaming iterator) aborts its
 generation and the usage record says "aborted".
+
+Every accepted request is listed in ``_running`` until its usage is recorded, so that a server
+shutting down can drain them (``generations_drain``): no usage record goes missing with the
+process.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -31,6 +36,25 @@ from workers.transport import get_engine_client
 
 logger = logging.getLogger(__name__)
 TOO_BIG = object()  # marks a body over DATA_UPLOAD_MAX_MEMORY_SIZE
+CANCEL_GRACE_S = 5.0  # after cancelling a request's task, how long it gets to record its usage
+
+
+@dataclass
+class _Running:
+    """An accepted request whose usage is not recorded yet, and the task now running it."""
+
+    gen: Generation
+    outcome: Outcome
+    task: asyncio.Task | None
+    finishing: bool = False  # its usage record is being written
+
+
+_running: dict[str, _Running] = {}  # request id -> entry; only touched on the event loop
+_draining = False
+
+
+def is_draining() -> bool:
+    return _draining
 
 
 def _internal_error(exc: Exception) -> errors.OpenAIError:
@@ -57,29 +81,75 @@ async def respond(request: HttpRequest, endpoint: str) -> HttpResponse:
             raise errors.OpenAIError(413, "The request body is too large.", code="request_too_large")
         if data is None:
             raise errors.invalid_parameter(None, "We could not parse the JSON body of your request.")
+        if _draining:
+            raise errors.OpenAIError(503, "The server is shutting down; try again shortly.", type="server_error",
+                                     code="server_shutting_down")
         await sync_to_async(generation_admit)(api_key=api_key, request_id=request_id)
         gen = await sync_to_async(generation_prepare)(request_id=request_id, endpoint=endpoint, api_key=api_key,
                                                       data=data, started=started)
     except errors.OpenAIError as exc:
         await sync_to_async(request_refused)(request_id=request_id, endpoint=endpoint, api_key=api_key,
                                              data=data, error=exc, started=started)
-        return exc.response()
+        response = exc.response()
+        response["X-Request-Id"] = request_id  # names its usage record
+        return response
     except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
         await sync_to_async(apikey_release)(api_key=api_key, request_id=request_id)
         return _internal_error(exc).response()
+    outcome = Outcome()
+    _running[request_id] = _Running(gen, outcome, asyncio.current_task())
     chunks = get_engine_client().generate(gen.engine_request())
-    response = await (_stream(gen, chunks) if gen.stream else _complete(gen, chunks))
+    response = await (_stream(gen, chunks, outcome) if gen.stream else _complete(gen, chunks, outcome))
     response["X-Request-Id"] = request_id
     return response
 
 
 async def _finish(gen: Generation, outcome: Outcome, *, aborted: bool = False,
                   error: errors.OpenAIError | None = None) -> None:
-    await sync_to_async(generation_finish)(generation=gen, outcome=outcome, aborted=aborted, error=error)
+    """Record the usage, once: a request drained at shutdown may be finished from two sides."""
+    running = _running.get(gen.request_id)
+    if running is None or running.finishing:
+        return
+    running.finishing = True
+    try:
+        await sync_to_async(generation_finish)(generation=gen, outcome=outcome, aborted=aborted, error=error)
+    finally:
+        _running.pop(gen.request_id, None)
 
 
-async def _complete(gen: Generation, chunks: AsyncIterator[Chunk]) -> HttpResponse:
-    outcome = Outcome()
+async def generations_drain(timeout_s: float) -> int:
+    """Shutting down: refuse new requests, give the running ones ``timeout_s`` to end, then end
+    the rest as aborted (their generation aborted in the engine too). Returns how many were cut.
+
+    Cancelling a request's task makes it record its own usage (and abort its generation) as a
+    client going away does; one that does not within CANCEL_GRACE_S (a stream cancelled between
+    two events leaves its iterator suspended) is aborted and recorded from here.
+    """
+    global _draining
+    _draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while _running and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    cut = list(_running.values())
+    if cut:
+        logger.warning("shutting down: aborting %d requests still running after %.1f s", len(cut), timeout_s)
+    for entry in cut:
+        if entry.task is not None and not entry.task.done() and not entry.finishing:
+            entry.task.cancel()
+    deadline = loop.time() + CANCEL_GRACE_S
+    while _running and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for entry in [e for e in _running.values() if not e.finishing]:
+        try:
+            await get_engine_client().abort(entry.gen.model.slug, entry.gen.request_id)
+        except Exception:
+            logger.warning("could not abort request %s", entry.gen.request_id, exc_info=True)
+        await _finish(entry.gen, entry.outcome, aborted=True)
+    return len(cut)
+
+
+async def _complete(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
     try:
         async with aclosing(chunks):
             async for chunk in chunks:
@@ -99,9 +169,8 @@ async def _complete(gen: Generation, chunks: AsyncIterator[Chunk]) -> HttpRespon
     return JsonResponse(completion_body(gen, outcome))
 
 
-async def _stream(gen: Generation, chunks: AsyncIterator[Chunk]) -> HttpResponse:
+async def _stream(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
     """Wait for the first chunk so that a refusal still gets its HTTP status, then stream."""
-    outcome = Outcome()
     try:
         first = await anext(chunks)
     except asyncio.CancelledError:
@@ -128,7 +197,8 @@ async def _stream(gen: Generation, chunks: AsyncIterator[Chunk]) -> HttpResponse
 async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, outcome: Outcome):
     formatter = StreamFormatter(gen)
     error: errors.OpenAIError | None = None
-    completed = False
+    if (running := _running.get(gen.request_id)) is not None:
+        running.task = asyncio.current_task()  # the server's task sending the response now
     try:
         async with aclosing(chunks):
             for part in (formatter.start(), formatter.delta(first.text, first.logprobs,
@@ -144,15 +214,17 @@ async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, o
                     part = formatter.delta(chunk.text, chunk.logprobs, chunk.finish_reason if chunk.finished else None)
                     if part:
                         yield part
+        # Recorded before the last events: a client that has read [DONE] finds its usage, and one
+        # that hangs up right after it (the openai client does) cannot leave it unwritten.
+        await _finish(gen, outcome, error=error)
         if error is not None:
             yield sse(error.to_dict())  # the openai client raises APIError on an "error" event
         elif usage := formatter.usage(outcome):
             yield usage
         yield DONE
-        completed = True
     except Exception as exc:  # not CancelledError/GeneratorExit: those are the client leaving
         error = _internal_error(exc)
+        await _finish(gen, outcome, error=error)
         yield sse(error.to_dict())
-        completed = True
-    finally:
-        await _finish(gen, outcome, aborted=not completed and not outcome.finished, error=error)
+    finally:  # the client left mid-stream (a no-op when the usage is recorded already)
+        await _finish(gen, outcome, aborted=not outcome.finished, error=error)

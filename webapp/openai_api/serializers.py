@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_USER_LENGTH = 256  # UsageRecord.end_user holds it
 # OpenAI parameters we do not implement: refused when set, so that nobody silently gets less.
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "best_of", "suffix",
                "echo", "audio", "modalities", "prediction", "web_search_options")
@@ -29,6 +30,17 @@ class StopField(serializers.Field):
 
     def to_representation(self, value):
         return value
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers instead of turning them into strings, as OpenAI does."""
+
+    default_error_messages = {"invalid": "must be a string"}
+
+    def to_internal_value(self, data) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class MessageContentField(serializers.Field):
@@ -92,7 +104,9 @@ class SamplingInputSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, allow_null=True)
     presence_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
     frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
-    user = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    # Who the caller's end user is; kept in the usage record (end_user), never sent to a worker.
+    user = StrictCharField(required=False, allow_blank=True, allow_null=True, max_length=MAX_USER_LENGTH,
+                           trim_whitespace=False)
     stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     # Extensions (vLLM's names).

@@ -15,7 +15,8 @@ from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
-from webapp.openai_api.serializers import ChatCompletionInputSerializer, CompletionInputSerializer, first_error
+from webapp.openai_api.serializers import (MAX_USER_LENGTH, ChatCompletionInputSerializer, CompletionInputSerializer,
+                                          first_error)
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
@@ -52,6 +53,7 @@ class Generation:
     include_usage: bool
     wants_logprobs: bool
     started: float  # time.monotonic() when the request arrived
+    end_user: str = ""  # the request's ``user``, for the usage record only
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -170,7 +172,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, data,
         tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
         priority=values.get("priority") or 0, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
-        wants_logprobs=logprobs is not None, started=started)
+        wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "")
 
 
 def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool = False,
@@ -197,13 +199,15 @@ def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool
         version=generation.version, model_name=generation.model.slug, prompt_tokens=prompt_tokens,
         completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
         time_to_first_token=outcome.time_to_first_token,
-        finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code)
+        finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,
+        end_user=generation.end_user)
 
 
 def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, error: errors.OpenAIError,
                     started: float) -> UsageRecord:
     """Usage record of an authenticated request refused before reaching a worker."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
+    end_user = data.get("user") if isinstance(data, dict) and isinstance(data.get("user"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
     apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     latency = time.monotonic() - started
@@ -213,4 +217,4 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     return usage_record_create(
         request_id=request_id, endpoint=endpoint, status=UsageRecord.Status.ERROR, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:200],
-        error_code=error.code or "invalid_request")
+        error_code=error.code or "invalid_request", end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")

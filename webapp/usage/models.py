@@ -26,6 +26,9 @@ class UsageRecord(models.Model):
     version = models.ForeignKey(ModelVersion, on_delete=models.SET_NULL, null=True, blank=True,
                                 related_name="usage")
     model_name = models.CharField(max_length=200, blank=True)  # as the client asked for it
+    # The API's ``user`` parameter: the caller's own end user, so an operator can trace abuse to
+    # one of a key's users. Free text chosen by the client, never a link to a Pagoda account.
+    end_user = models.CharField(max_length=256, blank=True, db_index=True)
     request_id = models.CharField(max_length=64, db_index=True)
     endpoint = models.CharField(max_length=32, choices=Endpoint.choices)
     prompt_tokens = models.PositiveIntegerField(default=0)

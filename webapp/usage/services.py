@@ -18,9 +18,9 @@ def usage_record_create(*, request_id: str, endpoint: str, status: str, latency:
                         user=None, model=None, version=None, model_name: str = "", prompt_tokens: int = 0,
                         completion_tokens: int = 0, cached_prompt_tokens: int = 0,
                         time_to_first_token: float | None = None, finish_reason: str | None = None,
-                        error_code: str | None = None) -> UsageRecord:
+                        error_code: str | None = None, end_user: str = "") -> UsageRecord:
     record = UsageRecord(
-        api_key=api_key, user=user, model=model, version=version, model_name=model_name,
+        api_key=api_key, user=user, model=model, version=version, model_name=model_name, end_user=end_user,
         request_id=request_id, endpoint=endpoint, prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
         time_to_first_token=time_to_first_token, latency=latency, status=status,
