@@ -11,9 +11,12 @@ from __future__ import annotations
 import threading
 import time
 
+from webapp.monitoring.figures import percentile, worker_figures
 from webapp.registry.selectors import modelversion_list_active
 from workers.protocol import HEARTBEAT_INTERVAL_S, WorkerInfo
 from workers.transport import get_engine_client
+
+__all__ = ["percentile", "worker_rows", "models_without_worker"]  # percentile: re-exported
 
 LOST_KEPT_S = 600.0
 LATE_AFTER_S = 3 * HEARTBEAT_INTERVAL_S  # a live worker this quiet is flagged "late"
@@ -22,31 +25,12 @@ _seen: dict[str, WorkerInfo] = {}
 _seen_lock = threading.Lock()
 
 
-def percentile(samples: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of the samples; None without samples."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least 1
-    return ordered[int(rank) - 1]
-
-
 def _row(info: WorkerInfo, state: str, now: float) -> dict:
-    stats = info.stats or {}
-    latency = stats.get("latency") or {}
-    ttft = (latency.get("time_to_first_token") or {}).get("recent") or []
-    tpot = (latency.get("time_per_output_token") or {}).get("recent") or []
-    queried = stats.get("prefix_cache_queried_tokens") or 0
     return {
         "worker_id": info.worker_id, "model": info.model, "version": info.version, "host": info.host,
         "pid": info.pid, "state": state, "draining": info.draining,
         "uptime_s": round(now - info.started_at, 1), "heartbeat_age_s": round(now - info.last_heartbeat, 1),
-        "num_running": stats.get("num_running", 0), "num_waiting": stats.get("num_waiting", 0),
-        "kv_cache_usage": stats.get("kv_cache_usage", 0.0),
-        "prefix_cache_hit_rate": (stats.get("prefix_cache_hit_tokens", 0) / queried) if queried else None,
-        "tokens_per_s": stats.get("tokens_per_s", 0.0),
-        "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
-        "itl_p50": percentile(tpot, 50), "itl_p95": percentile(tpot, 95),
+        **worker_figures(info.stats),
     }
 
 

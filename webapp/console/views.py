@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 from datetime import datetime, time, timedelta, timezone as dt_timezone
 
+from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
 from webapp.console.selectors import models_without_worker, worker_rows
-from webapp.usage.selectors import GROUPS, TOTAL_COLUMNS, usage_totals_by
+from webapp.usage.selectors import GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_totals_by
 
 DEFAULT_DAYS = 30
 
@@ -20,7 +21,8 @@ DEFAULT_DAYS = 30
 def workers_page(request):
     rows = worker_rows()
     return render(request, "console/workers.html",
-                  {"rows": rows, "uncovered": models_without_worker(rows=rows), "page": "workers"})
+                  {"rows": rows, "uncovered": models_without_worker(rows=rows), "page": "workers",
+                   "metrics_interval_s": settings.PAGODA_METRICS_INTERVAL_S})
 
 
 @staff_member_required
@@ -62,6 +64,7 @@ def usage_page(request):
         row["label"] = _label(row, group)
     return render(request, "console/usage.html", {
         "rows": rows, "group": group, "groups": list(GROUPS), "days": days, "page": "usage",
+        "series": usage_daily_series(since=since),
         "max_tokens": max([row["total_tokens"] or 0 for row in rows] or [0]) or 1})
 
 

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class MonitoringConfig(AppConfig):
-    """Health and readiness checks, Prometheus /metrics."""
+    """Health and readiness checks, Prometheus /metrics, and the metric snapshots behind the console's charts."""
 
     name = "webapp.monitoring"
     label = "monitoring"

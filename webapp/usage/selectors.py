@@ -1,10 +1,13 @@
-"""Reads of usage records."""
+"""Reads of usage: raw records, and daily roll-ups for the days whose raw records were purged."""
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet, Sum
+from datetime import date, datetime, time, timedelta, timezone as dt_timezone
 
-from webapp.usage.models import UsageRecord
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce, TruncDate
+
+from webapp.usage.models import UsageDaily, UsageRecord
 
 
 def usage_list(*, api_key=None, model=None) -> QuerySet[UsageRecord]:
@@ -34,25 +37,96 @@ TOTAL_COLUMNS = ("requests", "errors", "prompt_tokens", "completion_tokens", "ca
                  "total_tokens")
 
 
-def usage_totals_by(*, group: str, since=None, until=None) -> list[dict]:
-    """One row per key / user / model / day (UTC) with request and token sums, largest first
-    (by day: newest first). ``since`` inclusive, ``until`` exclusive (datetimes)."""
-    from django.db.models import F, Q
-    from django.db.models.functions import TruncDate
+# Where each grouped-by field comes from: raw records (annotated in _raw) and daily roll-ups. A
+# model is its registry slug, else the name asked for, as usage_rollup_day stores it, so a row
+# does not change name when its day's raw records are purged.
+_RAW_FIELD = {"api_key__prefix": "api_key__prefix", "api_key__name": "api_key__name",
+              "user__username": "user__username", "model_name": "slug", "day": "day"}
+_DAILY_FIELD = {**_RAW_FIELD, "model_name": "model_slug"}
+_SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
-    if group not in GROUPS:
-        raise ValueError(f"group must be one of {', '.join(GROUPS)}")
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+
+
+def _first_day_from(moment: datetime) -> date:
+    """The first UTC day starting at or after ``moment``."""
+    day = moment.astimezone(dt_timezone.utc).date()
+    return day if _day_start(day) >= moment else day + timedelta(days=1)
+
+
+def _raw(fields: tuple[str, ...], since, until) -> list[dict]:
     records = UsageRecord.objects.all()
     if since is not None:
         records = records.filter(created_at__gte=since)
     if until is not None:
         records = records.filter(created_at__lt=until)
+    records = records.annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc),
+                               slug=Coalesce("model__slug", "model_name"))
+    return list(records.values(*(_RAW_FIELD[f] for f in fields)).order_by()
+                .annotate(requests=Count("id"), errors=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
+                          prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+                          cached_prompt_tokens=Sum("cached_prompt_tokens")))
+
+
+def _rolled_up(fields: tuple[str, ...], since, until) -> list[dict]:
+    """UsageDaily sums for the days in range that have no raw records left (purged). A day is in
+    range when its start (00:00 UTC) is in [since, until): a purged day cannot be split."""
+    daily = UsageDaily.objects.all()
+    if since is not None:
+        daily = daily.filter(day__gte=_first_day_from(since))
+    if until is not None:
+        daily = daily.filter(day__lt=_first_day_from(until))
+    days = set(daily.values_list("day", flat=True).distinct())
+    if not days:
+        return []
+    with_raw = set(UsageRecord.objects.filter(created_at__gte=_day_start(min(days)),
+                                              created_at__lt=_day_start(max(days) + timedelta(days=1)))
+                   .annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc))
+                   .values_list("day", flat=True).distinct())
+    return list(daily.exclude(day__in=with_raw).values(*(_DAILY_FIELD[f] for f in fields)).order_by()
+                .annotate(**{column: Sum(column) for column in _SUMMED}))
+
+
+def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
+    """Sums per ``fields`` over raw records and, for purged days, their daily roll-ups."""
+    merged: dict[tuple, dict] = {}
+    for rows, source in ((_raw(fields, since, until), _RAW_FIELD),
+                         (_rolled_up(fields, since, until), _DAILY_FIELD)):
+        for row in rows:
+            key = tuple(row[source[f]] for f in fields)
+            total = merged.setdefault(key, {**dict(zip(fields, key)), **dict.fromkeys(_SUMMED, 0)})
+            for column in _SUMMED:
+                total[column] += row[column] or 0
+    for total in merged.values():
+        total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    return list(merged.values())
+
+
+def usage_totals_by(*, group: str, since=None, until=None) -> list[dict]:
+    """One row per key / user / model / day (UTC) with request and token sums, largest first
+    (by day: newest first). ``since`` inclusive, ``until`` exclusive (datetimes). Days whose raw
+    records were purged count through their UsageDaily roll-ups, so totals survive retention."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {', '.join(GROUPS)}")
+    rows = _totals(GROUPS[group], since, until)
     if group == "day":
-        records = records.annotate(day=TruncDate("created_at"))
-    rows = (records.values(*GROUPS[group]).order_by()
-            .annotate(requests=Count("id"), errors=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
-                      prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-                      cached_prompt_tokens=Sum("cached_prompt_tokens"))
-            .annotate(total_tokens=F("prompt_tokens") + F("completion_tokens")))
-    ordering = ["-day"] if group == "day" else ["-total_tokens", "-requests"]
-    return list(rows.order_by(*ordering))
+        return sorted(rows, key=lambda row: row["day"], reverse=True)
+    return sorted(rows, key=lambda row: (-row["total_tokens"], -row["requests"],
+                                         tuple(str(row[f]) for f in GROUPS[group])))
+
+
+def usage_daily_series(*, since: datetime, until: datetime | None = None) -> dict:
+    """Tokens per UTC day and model for the usage chart: ``{"days": [ISO dates, oldest first, every
+    day from since's to until's (default today)], "models": {model: [total tokens per day]}}``."""
+    first = since.astimezone(dt_timezone.utc).date()
+    last = (until - timedelta(microseconds=1)).astimezone(dt_timezone.utc).date() if until else \
+        datetime.now(dt_timezone.utc).date()
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    index = {day: n for n, day in enumerate(days)}
+    models: dict[str, list[int]] = {}
+    for row in _totals(("day", "model_name"), since, until):
+        if row["day"] in index:
+            models.setdefault(row["model_name"] or "(none)", [0] * len(days))[index[row["day"]]] += row["total_tokens"]
+    return {"days": [day.isoformat() for day in days], "models": dict(sorted(models.items()))}

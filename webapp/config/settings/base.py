@@ -125,6 +125,9 @@ LOGGING = {
 # Usage retention: raw UsageRecords older than this many days are deleted once their day is
 # rolled up into UsageDaily (webapp/usage/tasks.py). Both jobs run daily from Celery beat.
 PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", "90"))
+# SIGTERM to the web server: running API requests get this many seconds to finish (embedded
+# workers drain within it), then they are aborted; see webapp/config/shutdown.py.
+PAGODA_DRAIN_TIMEOUT = float(os.environ.get("PAGODA_DRAIN_TIMEOUT", "30"))
 from celery.schedules import crontab  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {
@@ -132,4 +135,19 @@ CELERY_BEAT_SCHEDULE = {
     # Just after midnight UTC, when yesterday is complete; the purge after the roll-up.
     "usage-rollup-yesterday": {"task": "usage.rollup_yesterday", "schedule": crontab(hour=0, minute=15)},
     "usage-purge-expired": {"task": "usage.purge_expired", "schedule": crontab(hour=0, minute=45)},
+}
+
+# Metric snapshots for the console's charts (webapp/monitoring/tasks.py): every live worker is
+# sampled every PAGODA_METRICS_INTERVAL_S seconds (10 s: the window over which workers already
+# average tokens/s, so sampling faster adds no information; 360 points per worker an hour) and
+# samples older than PAGODA_METRICS_RETENTION_HOURS are purged hourly. Embedded mode has no beat:
+# webapp/monitoring/periodic.py runs the same jobs in a thread of the server process.
+PAGODA_METRICS_INTERVAL_S = float(os.environ.get("PAGODA_METRICS_INTERVAL_S", "10"))
+PAGODA_METRICS_RETENTION_HOURS = int(os.environ.get("PAGODA_METRICS_RETENTION_HOURS", "48"))
+CELERY_BEAT_SCHEDULE = {
+    **CELERY_BEAT_SCHEDULE,
+    # A sample nobody ran within one interval is stale: expire it rather than queue a backlog.
+    "monitoring-snapshot-workers": {"task": "monitoring.snapshot_workers", "schedule": PAGODA_METRICS_INTERVAL_S,
+                                    "options": {"expires": PAGODA_METRICS_INTERVAL_S}},
+    "monitoring-purge-snapshots": {"task": "monitoring.purge_snapshots", "schedule": crontab(minute=5)},
 }

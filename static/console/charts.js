@@ -1,0 +1,126 @@
+// The console's time-series charts, drawn with uPlot (static/vendor/uplot/).
+// Workers page (#metric-charts): metric snapshots from metrics.json for one model over the last
+// hour or day, refreshed every sampling interval. Usage page (#usage-chart): tokens per day and
+// model, from the JSON the page embeds (#usage-series-data).
+(function () {
+  "use strict";
+  const COLORS = ["#4a78c2", "#d9534f", "#5cb85c", "#f0ad4e", "#8e44ad", "#16a085", "#7f8c8d", "#c0392b"];
+  const HEIGHT = 220;
+
+  const fixed = (digits) => (u, v) => (v === null || v === undefined ? "–" : v.toFixed(digits));
+  const width = (el) => Math.max(300, el.clientWidth || 600);
+
+  function lineSeries(label, index, valueDigits, dash) {
+    return { label, stroke: COLORS[index % COLORS.length], width: 1.5, dash, value: fixed(valueDigits),
+             points: { show: false } };
+  }
+
+  // Replace a chart: uPlot needs its series fixed at creation, and they differ by model and window.
+  function draw(el, series, data, opts) {
+    if (el._plot) el._plot.destroy();
+    el.replaceChildren();
+    el._plot = new uPlot(Object.assign({ width: width(el), height: HEIGHT, series: [{}].concat(series),
+                                         legend: { live: true } }, opts || {}), data, el);
+  }
+
+  // Buckets without samples become a null point, so uPlot draws a gap instead of a straight line.
+  function withGaps(model, bucketS, fields) {
+    const t = [], cols = fields.map(() => []);
+    model.t.forEach((start, i) => {
+      if (i > 0 && start - model.t[i - 1] > 2 * bucketS) {
+        t.push(model.t[i - 1] + bucketS);
+        cols.forEach((col) => col.push(null));
+      }
+      t.push(start);
+      fields.forEach((f, k) => cols[k].push(f(i)));
+    });
+    return [t].concat(cols);
+  }
+
+  function metricCharts(section) {
+    const charts = {};
+    section.querySelectorAll("[data-chart]").forEach((el) => { charts[el.dataset.chart] = el; });
+    const select = document.getElementById("chart-model");
+    const empty = document.getElementById("charts-empty");
+    const stamp = document.getElementById("charts-refreshed");
+    const buttons = section.querySelectorAll("#chart-window button");
+    let win = "1h", timer = null;
+
+    function render(data) {
+      const slugs = data.model_slugs, asked = select.value;
+      select.replaceChildren(...slugs.map((slug) => new Option(slug, slug)));
+      const slug = slugs.includes(asked) ? asked : slugs[0];
+      if (slug === undefined) select.value = "";
+      else select.value = slug;
+      if (slug !== undefined && !data.models[slug]) return "refetch";  // asked for a model now gone
+      const model = data.models[slug];
+      const hasData = Boolean(model && model.t.length);
+      empty.hidden = hasData;
+      section.querySelector(".charts").hidden = !hasData;
+      if (!hasData) return;
+      const m = model, b = data.bucket_s;
+      const pct = (v) => (v === null ? null : v * 100);
+      draw(charts.tokens, [lineSeries("tokens/s", 0, 1)], withGaps(m, b, [(i) => m.tokens_per_s[i]]));
+      draw(charts.kv, [lineSeries("mean", 0, 1), lineSeries("max", 1, 1, [4, 3])],
+           withGaps(m, b, [(i) => pct(m.kv_mean[i]), (i) => pct(m.kv_max[i])]), { scales: { y: { range: [0, 100] } } });
+      draw(charts.queue, [lineSeries("running", 0, 1), lineSeries("waiting", 1, 1),
+                          lineSeries("running + waiting", 6, 1, [4, 3])],
+           withGaps(m, b, [(i) => m.num_running[i], (i) => m.num_waiting[i],
+                           (i) => m.num_running[i] + m.num_waiting[i]]));
+      draw(charts.latency, [lineSeries("TTFT p50", 0, 3), lineSeries("TTFT p95", 0, 3, [4, 3]),
+                            lineSeries("ITL p50", 1, 3), lineSeries("ITL p95", 1, 3, [4, 3])],
+           withGaps(m, b, [(i) => m.ttft_p50[i], (i) => m.ttft_p95[i], (i) => m.itl_p50[i], (i) => m.itl_p95[i]]));
+    }
+
+    async function refresh() {
+      const url = new URL(section.dataset.url, window.location.href);
+      url.searchParams.set("window", win);
+      if (select.value) url.searchParams.set("model", select.value);
+      let delayS = 10;
+      try {
+        const response = await fetch(url, { headers: { Accept: "application/json" } });
+        if (!response.ok) throw new Error(String(response.status));
+        const data = await response.json();
+        if (render(data) === "refetch") return refresh();
+        delayS = Math.max(data.interval_s, win === "1d" ? 60 : data.interval_s);
+        stamp.textContent = "updated " + new Date().toLocaleTimeString();
+      } catch (err) {
+        stamp.textContent = "refresh failed (" + err.message + ")";
+      }
+      clearTimeout(timer);
+      timer = setTimeout(refresh, delayS * 1000);
+    }
+
+    buttons.forEach((button) => button.addEventListener("click", () => {
+      win = button.dataset.window;
+      buttons.forEach((other) => other.classList.toggle("current", other === button));
+      refresh();
+    }));
+    select.addEventListener("change", refresh);
+    window.addEventListener("resize", () => Object.values(charts).forEach((el) => {
+      if (el._plot) el._plot.setSize({ width: width(el), height: HEIGHT });
+    }));
+    refresh();
+  }
+
+  function usageChart(el, data) {
+    const t = data.days.map((day) => Date.parse(day + "T00:00:00Z") / 1000);
+    const names = Object.keys(data.models);
+    const total = t.map((_, i) => names.reduce((sum, name) => sum + data.models[name][i], 0));
+    const series = names.map((name, k) => Object.assign(lineSeries(name, k, 0), { points: { show: true } }));
+    series.push(lineSeries("total", 6, 0, [4, 3]));
+    const DAY = 86400;
+    draw(el, series, [t].concat(names.map((name) => data.models[name]), [total]), {
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),  // the days are UTC days
+      scales: { y: { range: (u, min, max) => [0, Math.max(1, max) * 1.05] } },
+      axes: [{ incrs: [DAY, 2 * DAY, 7 * DAY, 14 * DAY, 30 * DAY, 91 * DAY, 365 * DAY],
+               values: (u, splits) => splits.map((ts) => new Date(ts * 1000).toISOString().slice(5, 10)) }, {}],
+    });
+    window.addEventListener("resize", () => el._plot.setSize({ width: width(el), height: HEIGHT }));
+  }
+
+  const section = document.getElementById("metric-charts");
+  if (section) metricCharts(section);
+  const usage = document.getElementById("usage-chart");
+  if (usage) usageChart(usage, JSON.parse(document.getElementById("usage-series-data").textContent));
+})();
