@@ -1,7 +1,9 @@
 """Check that a checkpoint can be served, reporting progress as JSON lines on stdout.
 
-    python -m engine.validate MODEL_PATH
+    python -m engine.validate MODEL_PATH [--convert-dtype float16|bfloat16|float32]
 
+With --convert-dtype the checkpoint's safetensors shards are first rewritten in that dtype
+(engine/convert.py), so the checks and the recorded size are those of the converted files.
 Each line is ``{"step": "...", "progress": 0..1}``; the last is either
 ``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>"}``
 or ``{"ok": false, "error": "..."}``. The exit status is 0 exactly when the checkpoint is ok.
@@ -125,15 +127,30 @@ def _emit(record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
+    import argparse
+
+    from engine.convert import DTYPES, convert_checkpoint
+
+    parser = argparse.ArgumentParser(prog="python -m engine.validate", description=__doc__.split("\n")[0])
+    parser.add_argument("model_path")
+    parser.add_argument("--convert-dtype", choices=DTYPES, default=None,
+                        help="rewrite the safetensors shards in this dtype before validating")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    def report(step: str, p: float) -> None:
+        _emit({"step": step, "progress": round(p, 4)})
+
     try:
-        result = validate(argv[0], lambda step, p: _emit({"step": step, "progress": round(p, 4)}))
+        if args.convert_dtype:  # conversion is the first tenth of the progress bar
+            convert_checkpoint(args.model_path, args.convert_dtype, lambda step, p: report(step, 0.1 * p))
+            result = validate(args.model_path, lambda step, p: report(step, 0.1 + 0.9 * p))
+        else:
+            result = validate(args.model_path, report)
     except (EngineError, ValueError, KeyError, OSError) as exc:
         _emit({"ok": False, "error": str(exc)})
         return 1
+    if args.convert_dtype:
+        result["dtype"] = args.convert_dtype
     _emit(result)
     return 0
 

@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 class _Embedded:
     worker: EngineWorker
     thread: threading.Thread
+    spec: tuple  # (version, path, engine settings): what start() was asked to serve
 
     @property
     def is_running(self) -> bool:
@@ -39,21 +40,57 @@ def _run(worker: EngineWorker) -> None:
 
 
 def start(model: str, version: str, path: str, engine_settings: dict) -> None:
+    """Serve ``model`` from (version, path, settings); a no-op when that is already being served.
+
+    A different version, path or settings loads a new worker while the old one keeps serving;
+    once the new one is ready, every other worker of the model drains (see _retire_others).
+    """
+    spec = (version, path, dict(engine_settings))
     with _lock:
+        _all[:] = [e for e in _all if e.thread.is_alive()]
         current = _current.get(model)
-        if current is not None and current.is_running and current.worker.version == version:
+        if current is not None and current.is_running and current.spec == spec:
             return
-        previous = current.worker if current is not None and current.is_running else None
         transport = MemoryWorkerTransport(default_broker(), model, new_worker_id())
-        # The old version keeps serving until the new one is ready, then drains.
-        worker = EngineWorker(model, version, path, engine_settings, transport,
-                              on_ready=previous.request_stop if previous else None)
+        worker = EngineWorker(model, version, path, engine_settings, transport)
+        worker.on_ready = lambda: _retire_others(model, worker)
         thread = threading.Thread(target=_run, args=(worker,), name=f"pagoda-engine-{model}",
                                   daemon=True)
-        entry = _Embedded(worker, thread)
+        entry = _Embedded(worker, thread, spec)
         _current[model] = entry
         _all.append(entry)
         thread.start()
+
+
+def _retire_others(model: str, keep: EngineWorker) -> None:
+    """The new worker is ready: every worker of ``model`` started before it drains.
+
+    All of them, not only the one serving when ``keep`` was started: a version activated while
+    another was still loading replaces both (the loading one stops as soon as it has loaded).
+    Never a later one: it is the newer version, still loading.
+    """
+    with _lock:
+        workers = [e.worker for e in _all]
+    if keep not in workers:
+        return  # stop_all() has forgotten it: it is being stopped too
+    for worker in workers[:workers.index(keep)]:
+        if worker.model == model:
+            worker.request_stop()
+
+
+def stop(model: str, drain_timeout: float | None = None) -> bool:
+    """Every worker of ``model`` drains (a loading one stops once loaded); returns at once.
+
+    True when there was one to stop. Running requests finish within the drain timeout.
+    """
+    with _lock:
+        _current.pop(model, None)
+        entries = [e for e in _all if e.worker.model == model and e.thread.is_alive()]
+    for entry in entries:
+        if drain_timeout is not None:
+            entry.worker.drain_timeout = drain_timeout
+        entry.worker.request_stop()
+    return bool(entries)
 
 
 def wait_ready(model: str, timeout: float) -> bool:

@@ -183,6 +183,16 @@ def wait_for_embedded_worker(model: str, timeout: float) -> bool:
     return embedded.wait_ready(model, timeout)
 
 
+def stop_embedded_worker(model: str, drain_timeout: float | None = None) -> bool:
+    """Embedded mode: ``model``'s workers stop taking requests and drain; returns at once.
+
+    False when this process runs no worker for ``model``. Running requests finish within
+    ``drain_timeout`` (default: the worker's own, 30 s).
+    """
+    from workers import embedded
+    return embedded.stop(model, drain_timeout)
+
+
 def stop_embedded_workers(drain_timeout: float = 30) -> None:
     """Stop every embedded worker: no new requests, running ones finish within drain_timeout."""
     from workers import embedded

@@ -1,4 +1,5 @@
-"""The console's models page (staff only): versions with their validation state, upload, (de)activate, delete."""
+"""The console's models page (staff only): versions with their validation state, upload, (de)activate,
+delete, and each version's engine settings (context length, dtype, block size, KV budget, batch limits)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,73 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.registry.engine_settings import BLOCK_SIZES, DTYPES
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.services import (modelversion_activate, modelversion_deactivate, modelversion_delete,
-                                      modelversion_upload)
+from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
+                                      modelversion_delete, modelversion_update_settings, modelversion_upload)
 
-VERSION_FIELDS = ("id", "number", "format", "status", "step", "progress", "error", "validation", "path")
+VERSION_FIELDS = ("id", "number", "format", "status", "step", "progress", "error", "validation", "path",
+                  "engine_settings")
+MIB = 1 << 20
+
+# The engine settings the form edits: (setting, label, kind). An empty field means the engine's
+# default (the setting is removed); settings the form does not show are kept as they are.
+FORM_SETTINGS = (
+    ("max_model_len", "Context length (tokens)", "int"),
+    ("dtype", "Dtype", "choice"),
+    ("block_size", "KV block size (tokens)", "choice"),
+    ("kv_cache_memory", "KV cache budget (MiB)", "mib"),
+    ("max_num_seqs", "Max running requests", "int"),
+    ("max_num_batched_tokens", "Max batched tokens per step", "int"),
+)
+CHOICES = {"dtype": DTYPES, "block_size": tuple(str(b) for b in BLOCK_SIZES)}
+
+
+def settings_form_fields(engine_settings: dict) -> list[dict]:
+    """The form's fields with their current values (kv_cache_memory shown in MiB)."""
+    fields = []
+    for name, label, kind in FORM_SETTINGS:
+        value = engine_settings.get(name)
+        if kind == "mib" and value is not None:
+            value = f"{value / MIB:g}"
+        fields.append({"name": name, "label": label, "kind": kind, "choices": CHOICES.get(name, ()),
+                       "value": "" if value is None else str(value)})
+    return fields
+
+
+def settings_from_form(data, base: dict, *, empty_resets: bool = True) -> dict:
+    """``base`` with the form's settings applied; ValidationError naming the field for bad input.
+
+    An empty field removes the setting (the engine's default) when ``empty_resets``; otherwise
+    (the upload form, whose JSON box may carry the setting) it leaves ``base`` alone.
+
+    The result still goes through validate_engine_settings (in the service), which names the
+    setting for values of the right type but out of range.
+    """
+    result = dict(base)
+    for name, label, kind in FORM_SETTINGS:
+        if name not in data:
+            continue
+        raw = data.get(name, "").strip()
+        if raw == "":
+            if empty_resets:
+                result.pop(name, None)
+        elif name == "dtype":
+            result[name] = raw
+        elif kind == "mib":
+            try:
+                mib = float(raw)
+            except ValueError:
+                mib = -1.0
+            if not mib > 0 or mib * MIB < 1:
+                raise ValidationError(f"{label} ({name}) must be a positive number of MiB, got {raw!r}")
+            result[name] = int(mib * MIB)
+        else:
+            try:
+                result[name] = int(raw)
+            except ValueError:
+                raise ValidationError(f"{label} ({name}) must be a whole number, got {raw!r}") from None
+    return result
 
 
 def version_rows() -> list[dict]:
@@ -32,8 +95,12 @@ def _message(error: ValidationError) -> str:
 def models_page(request):
     if request.method == "POST":
         return _upload(request)
+    rows = version_rows()
+    for row in rows:
+        row["settings_fields"] = settings_form_fields(row["engine_settings"])
     return render(request, "console/models.html", {
-        "models": Model.objects.order_by("slug"), "rows": version_rows(), "page": "models"})
+        "models": Model.objects.order_by("slug"), "rows": rows, "page": "models",
+        "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES})
 
 
 def _upload(request):
@@ -45,12 +112,18 @@ def _upload(request):
             engine_settings = json.loads(request.POST.get("engine_settings") or "{}")
         except ValueError as exc:
             raise ValidationError(f"engine settings are not valid JSON: {exc}") from exc
+        if not isinstance(engine_settings, dict):
+            raise ValidationError("engine settings must be a JSON object")
+        engine_settings = settings_from_form(request.POST, engine_settings, empty_resets=False)
         version = modelversion_upload(model_slug=slug, uploaded_file=uploaded,
-                                      engine_settings=engine_settings)
+                                      engine_settings=engine_settings,
+                                      convert_dtype=request.POST.get("convert_dtype", "").strip() or None)
     except ValidationError as error:
         messages.error(request, f"Upload refused: {_message(error)}")
     else:
-        messages.success(request, f"Uploaded {version}; validating.")
+        converting = (version.validation or {}).get("convert_dtype")
+        messages.success(request, f"Uploaded {version}; "
+                                  f"{f'converting to {converting}, then ' if converting else ''}validating.")
     return redirect("console:models")
 
 
@@ -71,12 +144,19 @@ def version_action(request, version_id: int, action: str):
     try:
         if action == "delete":
             modelversion_delete(version=version)
+        elif action == "settings":
+            modelversion_update_settings(
+                version=version, engine_settings=settings_from_form(request.POST, version.engine_settings))
         elif action in ACTIONS:
             ACTIONS[action](version=version)
         else:
             raise Http404("unknown action")
     except ValidationError as error:
-        messages.error(request, f"Cannot {action} {label}: {_message(error)}")
+        verb = "save the engine settings of" if action == "settings" else action
+        messages.error(request, f"Cannot {verb} {label}: {_message(error)}")
     else:
-        messages.success(request, f"{label}: {action} done.")
+        done = {"settings": "engine settings saved"}.get(action, f"{action} done")
+        if action == "settings" and version.status == ModelVersion.Status.ACTIVE:
+            done += "; its worker reloads with them while the current one finishes its requests"
+        messages.success(request, f"{label}: {done}.")
     return redirect("console:models")

@@ -9,6 +9,7 @@ loads the model in its own daemon thread.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -18,6 +19,36 @@ from django.db import connection
 logger = logging.getLogger(__name__)
 
 APPS_READY_TIMEOUT_S = 60.0
+
+
+def embedded_workers_enabled() -> bool:
+    """This process runs the engine workers: the server in embedded mode (see RegistryConfig.ready)."""
+    from webapp.registry.apps import EMBEDDED_WORKERS_FLAG
+
+    return os.environ.get(EMBEDDED_WORKERS_FLAG) == "1" and not os.environ.get("REDIS_URL")
+
+
+def sync_embedded_worker(slug: str) -> str | None:
+    """Make this process's worker for ``slug`` serve the model's active version, or none.
+
+    Called after an activation, deactivation or settings edit commits. A new version (or new
+    settings) loads while the old worker keeps serving, then the old one drains; no active
+    version drains the model's worker. Returns the version label now served, None if none; a
+    no-op returning None unless embedded workers are enabled.
+    """
+    if not embedded_workers_enabled():
+        return None
+    from webapp.registry.selectors import modelversion_get_active
+    from workers.transport import start_embedded_worker, stop_embedded_worker
+
+    version = modelversion_get_active(slug=slug)
+    if version is None:
+        stop_embedded_worker(slug)
+        logger.info("embedded worker for %s draining: no active version", slug)
+        return None
+    start_embedded_worker(slug, version.label, version.path, dict(version.engine_settings))
+    logger.info("embedded worker for %s serving %s (%s)", slug, version, version.path)
+    return version.label
 
 
 def start_embedded_workers() -> list[str]:
@@ -49,3 +80,6 @@ def _start_after_setup() -> None:
 
 def start_embedded_workers_when_ready() -> None:
     threading.Thread(target=_start_after_setup, name="pagoda-embedded-start", daemon=True).start()
+    from webapp.monitoring.periodic import start_snapshot_runner  # no Celery beat here: sample in-process
+
+    start_snapshot_runner()

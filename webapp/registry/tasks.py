@@ -24,10 +24,14 @@ def validate_model_version(version_id: int) -> str:
 
     The web process must not import torch, so the engine-side checks (config, tokenizer, tensor
     shapes, a 4-token forward pass) run in a child whose JSON lines arrive here one at a time.
-    Returns the final status.
+    An upload that asked for a dtype conversion (``validation["convert_dtype"]``) has the child
+    rewrite its shards first. Returns the final status.
     """
     version = ModelVersion.objects.get(pk=version_id)
     command = [sys.executable, "-m", "engine.validate", version.path]
+    convert_dtype = (version.validation or {}).get("convert_dtype")
+    if convert_dtype:  # asked for at upload (services.modelversion_upload)
+        command += ["--convert-dtype", convert_dtype]
     final: dict | None = None
     # stderr goes to a file: a pipe nobody reads while stdout is read would fill and stall the child.
     with tempfile.TemporaryFile(mode="w+") as stderr, subprocess.Popen(
@@ -71,7 +75,7 @@ def _finish(version: ModelVersion, final: dict) -> str:
         version.status, version.error, version.progress, version.step = (
             ModelVersion.Status.READY, "", 1.0, "validated")
         version.validation = {k: final[k] for k in ("parameters", "context_length", "size_bytes",
-                                                     "checksum") if k in final}
+                                                     "checksum", "dtype") if k in final}
     else:
         version.status = ModelVersion.Status.FAILED
         version.error = str(final.get("error") or "validation failed")

@@ -1,7 +1,10 @@
 """python manage.py run_engine_worker --model SLUG — serve the model's active version over Redis.
 
-Distributed mode: reads the version's path and engine settings from the registry, then runs
-workers.engine_worker.run_worker in this process until SIGTERM (which drains).
+Distributed mode: workers.engine_worker.follow_active_version runs in this process until SIGTERM
+(which drains). It asks the registry for the model's active version every --poll-interval
+seconds; when an activation (or a settings edit) changes it, the new version loads here while
+the old one keeps serving, then the old one finishes its running requests and stops. With no
+active version the process drains and waits for the next activation.
 """
 
 import os
@@ -9,33 +12,48 @@ import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
 
+from webapp.registry.models import Model
 from webapp.registry.selectors import modelversion_get_active
 
 
 class Command(BaseCommand):
-    help = "Run an engine worker for a model's active version (needs REDIS_URL)."
+    help = "Run an engine worker for a model's active version, following activations (needs REDIS_URL)."
 
     def add_arguments(self, parser):
         parser.add_argument("--model", required=True, help="model slug")
         parser.add_argument("--redis-url", default=None, help="default: REDIS_URL")
         parser.add_argument("--drain-timeout", type=float, default=30.0)
+        parser.add_argument("--poll-interval", type=float, default=2.0,
+                            help="seconds between checks of the model's active version")
 
-    def handle(self, *args, model, redis_url, drain_timeout, **options):
+    def handle(self, *args, model, redis_url, drain_timeout, poll_interval, **options):
         redis_url = redis_url or settings.REDIS_URL
         if not redis_url:
             raise CommandError("an engine worker process needs REDIS_URL; in embedded mode the web "
                                "process runs the workers itself")
-        version = modelversion_get_active(slug=model)
-        if version is None:
-            raise CommandError(f"no active version of the model {model!r}")
+        if not Model.objects.filter(slug=model).exists():
+            raise CommandError(f"no model {model!r} in the registry")
         # OpenMP threads that spin while waiting starve the web server, Redis and each other on
         # a small host: with 2 cores a worker next to Daphne ran several times slower spinning
         # than sleeping (bench/serve.py). Read once, when torch loads OpenMP, so set it first.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        from workers.engine_worker import run_worker  # loads the engine (torch): only here
+        from workers.engine_worker import ServeSpec, follow_active_version  # loads the engine (torch)
 
-        self.stdout.write(f"serving {version} from {version.path}")
-        code = run_worker(version.model.slug, version.label, version.path, dict(version.engine_settings),
-                          redis_url=redis_url, drain_timeout=drain_timeout)
+        def active():
+            close_old_connections()  # a long-lived process: drop a connection the server closed
+            version = modelversion_get_active(slug=model)
+            if version is None:
+                return None
+            return ServeSpec(version.label, version.path, dict(version.engine_settings))
+
+        first = modelversion_get_active(slug=model)
+        if first is None:
+            self.stdout.write(f"no active version of {model!r} yet; waiting for one")
+        else:
+            self.stdout.write(f"serving {first} from {first.path}")
+        self.stdout.flush()
+        code = follow_active_version(model, active, redis_url=redis_url, drain_timeout=drain_timeout,
+                                     poll_interval=poll_interval)
         sys.exit(code)
