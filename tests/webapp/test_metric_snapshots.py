@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from webapp.monitoring.figures import worker_figures
 from webapp.monitoring.models import WorkerSnapshot
-from webapp.monitoring.periodic import start_snapshot_runner, stop_snapshot_runner
+from webapp.config.embedded_jobs import start_embedded_beat, stop_embedded_beat
 from webapp.monitoring.services import SNAPSHOT_FIELDS, snapshot_purge, snapshot_take
 from webapp.monitoring.tasks import snapshot_workers
 from workers import transport
@@ -187,15 +187,15 @@ def test_workers_page_has_the_charts_and_their_empty_state(staff_client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_embedded_runner_stores_a_sample_every_interval(worker):
+def test_the_embedded_beat_stores_a_sample_every_interval(worker):
     interval = 0.25
-    start_snapshot_runner(interval_s=interval)
+    start_embedded_beat({"snapshots": {"task": "monitoring.snapshot_workers", "schedule": interval}})
     try:
         deadline = time.monotonic() + 20 * interval
         while _mine().values("taken_at").distinct().count() < 3 and time.monotonic() < deadline:
             time.sleep(interval / 5)
     finally:
-        stop_snapshot_runner()
+        stop_embedded_beat()
     times = sorted(set(_mine().values_list("taken_at", flat=True)))
 
     assert len(times) >= 3

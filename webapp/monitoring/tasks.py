@@ -1,5 +1,5 @@
 """Metric snapshot jobs: Celery beat runs them (CELERY_BEAT_SCHEDULE in settings/base.py); in
-embedded mode, without beat, webapp/monitoring/periodic.py runs the same functions in a thread."""
+embedded mode, without beat, webapp/config/embedded_jobs.py runs the beat schedule in a thread."""
 
 from __future__ import annotations
 

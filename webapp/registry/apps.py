@@ -1,8 +1,4 @@
-import os
-
 from django.apps import AppConfig
-
-EMBEDDED_WORKERS_FLAG = "PAGODA_EMBEDDED_WORKERS"
 
 
 class RegistryConfig(AppConfig):
@@ -15,7 +11,9 @@ class RegistryConfig(AppConfig):
     def ready(self) -> None:
         # Only the server process sets the flag (`make run`, the e2e server): migrate, shell and
         # the test process must not load models. REDIS_URL set means workers run elsewhere.
-        if os.environ.get(EMBEDDED_WORKERS_FLAG) == "1" and not os.environ.get("REDIS_URL"):
+        from webapp.config.embedded_jobs import embedded_server
+
+        if embedded_server():
             from webapp.registry.embedded import start_embedded_workers_when_ready
 
             start_embedded_workers_when_ready()

@@ -9,12 +9,13 @@ loads the model in its own daemon thread.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 from django.apps import apps
 from django.db import connection
+
+from webapp.config.embedded_jobs import embedded_server, start_embedded_beat
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,7 @@ APPS_READY_TIMEOUT_S = 60.0
 
 def embedded_workers_enabled() -> bool:
     """This process runs the engine workers: the server in embedded mode (see RegistryConfig.ready)."""
-    from webapp.registry.apps import EMBEDDED_WORKERS_FLAG
-
-    return os.environ.get(EMBEDDED_WORKERS_FLAG) == "1" and not os.environ.get("REDIS_URL")
+    return embedded_server()
 
 
 def sync_embedded_worker(slug: str) -> str | None:
@@ -80,6 +79,4 @@ def _start_after_setup() -> None:
 
 def start_embedded_workers_when_ready() -> None:
     threading.Thread(target=_start_after_setup, name="pagoda-embedded-start", daemon=True).start()
-    from webapp.monitoring.periodic import start_snapshot_runner  # no Celery beat here: sample in-process
-
-    start_snapshot_runner()
+    start_embedded_beat()  # no Celery beat in embedded mode: metric snapshots, usage roll-ups

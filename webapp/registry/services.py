@@ -116,9 +116,10 @@ def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict
 
 
 def _queue_validation(version_id: int) -> None:
+    from webapp.config.embedded_jobs import enqueue
     from webapp.registry.tasks import validate_model_version
 
-    validate_model_version.delay(version_id)
+    enqueue(validate_model_version, version_id)
 
 
 def modelversion_delete(*, version: ModelVersion) -> None:

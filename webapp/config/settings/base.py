@@ -141,7 +141,7 @@ CELERY_BEAT_SCHEDULE = {
 # sampled every PAGODA_METRICS_INTERVAL_S seconds (10 s: the window over which workers already
 # average tokens/s, so sampling faster adds no information; 360 points per worker an hour) and
 # samples older than PAGODA_METRICS_RETENTION_HOURS are purged hourly. Embedded mode has no beat:
-# webapp/monitoring/periodic.py runs the same jobs in a thread of the server process.
+# webapp/config/embedded_jobs.py runs this whole schedule in a thread of the server process.
 PAGODA_METRICS_INTERVAL_S = float(os.environ.get("PAGODA_METRICS_INTERVAL_S", "10"))
 PAGODA_METRICS_RETENTION_HOURS = int(os.environ.get("PAGODA_METRICS_RETENTION_HOURS", "48"))
 CELERY_BEAT_SCHEDULE = {
