@@ -181,6 +181,32 @@ async def test_closing_the_socket_aborts_the_generation(models, session_cookie, 
 
 
 @pytest.mark.asyncio
+async def test_a_server_shutting_down_refuses_new_turns_and_records_the_cut_answer(
+        models, session_cookie, chat_worker, monkeypatch):
+    from webapp.config import shutdown
+
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Tell me a long story", max_tokens=450))
+    assert (await receive_until(ws, "delta", "error"))[-1]["type"] == "delta"
+    monkeypatch.setattr(shutdown, "_shutting_down", True)  # restored after the test
+    await ws.send_json_to(turn(content="And another one"))
+    refused = await receive_until(ws, "error")
+
+    cut = await shutdown._drain_tracked(0.3)  # what the server's drain does with chat turns
+    done = (await receive_until(ws, "done", "error"))[-1]
+    await ws.disconnect()
+
+    assert refused[-1]["code"] == "server_shutting_down"
+    assert cut == 1
+    assert done["type"] == "done" and done["finish_reason"] == "abort"
+    usage = await sync_to_async(UsageRecord.objects.get)()
+    assert usage.status == UsageRecord.Status.ABORTED and usage.completion_tokens == done["usage"]["completion_tokens"]
+    stats = await stats_when(chat_worker, lambda s: s["num_running"] == 0)
+    assert stats["num_running"] == 0
+
+
+@pytest.mark.asyncio
 async def test_a_model_without_a_worker_answers_with_an_error_message(models, session_cookie, chat_worker):
     ws = communicator(session_cookie)
     assert (await ws.connect())[0]

@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.chat.selectors import message_to_dict
 from webapp.chat.services import ChatInputError, Turn, turn_finish, turn_prepare
+from webapp.config.shutdown import shutting_down, track
 from webapp.openai_api.services import Outcome
 from workers.protocol import NO_WORKER
 from workers.transport import get_engine_client
@@ -58,6 +59,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if self.task is not None and not self.task.done():
                 self.task.cancel()
             return
+        if shutting_down():
+            await self.send_json({"type": "error", "code": "server_shutting_down",
+                                  "message": "The server is restarting; send this again in a moment."})
+            return
         if self.task is not None and not self.task.done():
             await self.send_json({"type": "error", "code": "busy",
                                   "message": "An answer is still being written; stop it first."})
@@ -71,7 +76,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
                               "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
                               "user_message": message_to_dict(turn.user_message)})
-        self.task = asyncio.create_task(self._generate(turn))
+        # Tracked: a server shutting down waits for the answer (or records it as aborted).
+        self.task = track(asyncio.create_task(self._generate(turn)))
 
     async def _generate(self, turn: Turn) -> None:
         outcome = Outcome()

@@ -13,7 +13,10 @@ Our trigger, registered when the ASGI application is imported (before Daphne reg
    running requests finish within PAGODA_DRAIN_TIMEOUT and the rest end with worker_lost;
 3. the requests still running after the drain timeout are cancelled and recorded as aborted
    (webapp.openai_api.generation.generations_drain), so that every accepted request has its
-   usage record before the process exits.
+   usage record before the process exits;
+4. the same for other work registered with ``track`` (the chat page's generations): new turns
+   are refused while ``shutting_down()``, running ones get the drain timeout, then are
+   cancelled, which records them as aborted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,32 @@ logger = logging.getLogger(__name__)
 # Embedded workers answer every request within the drain timeout; this covers the last replies.
 WORKER_GRACE_S = 5.0
 _registered = False
+_shutting_down = False
+_tracked: set[asyncio.Task] = set()
+
+
+def shutting_down() -> bool:
+    return _shutting_down
+
+
+def track(task: asyncio.Task) -> asyncio.Task:
+    """Have the server wait for ``task`` when it shuts down (cancelling it after the drain timeout)."""
+    _tracked.add(task)
+    task.add_done_callback(_tracked.discard)
+    return task
+
+
+async def _drain_tracked(timeout_s: float) -> int:
+    """Wait up to ``timeout_s`` for the tracked tasks, then cancel the rest and let them record
+    themselves (CANCEL_GRACE_S); returns how many were cancelled."""
+    if _tracked:
+        await asyncio.wait(set(_tracked), timeout=timeout_s)
+    cut = [task for task in _tracked if not task.done()]
+    for task in cut:
+        task.cancel()
+    if cut:
+        await asyncio.wait(cut, timeout=WORKER_GRACE_S)
+    return len(cut)
 
 
 def drain_on_server_shutdown() -> bool:
@@ -51,6 +80,8 @@ def _drain_deferred():
 async def drain(timeout_s: float) -> None:
     from webapp.openai_api.generation import generations_drain
 
+    global _shutting_down
+    _shutting_down = True
     logger.info("shutting down: draining requests (up to %.1f s)", timeout_s)
     workers = None
     if "workers.embedded" in sys.modules:  # embedded mode; never import the engine just to stop
@@ -58,7 +89,9 @@ async def drain(timeout_s: float) -> None:
 
         workers = asyncio.get_running_loop().run_in_executor(None, stop_embedded_workers, timeout_s)
     try:
-        cut = await generations_drain(timeout_s + (WORKER_GRACE_S if workers is not None else 0.0))
+        grace = timeout_s + (WORKER_GRACE_S if workers is not None else 0.0)
+        cut, cut_tracked = await asyncio.gather(generations_drain(grace), _drain_tracked(grace))
+        cut += cut_tracked
         if workers is not None:
             await workers
     except Exception:  # the server is stopping either way
