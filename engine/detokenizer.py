@@ -34,9 +34,8 @@ _MAX_UNREAD_TOKENS = 8
 class IncrementalDetokenizer:
     """Turns one request's generated ids into text deltas that are safe to stream.
 
-    ``prompt_token_ids`` is accepted for symmetry with the rest of the engine;
-    the output text is ``decode(output_ids)`` by contract, so it is not used as
-    decoding context.
+    The output text is ``decode(output_ids)`` by contract, so the prompt is not
+    used as decoding context.
 
     Cost per ``add_tokens`` is two decodes of a window of a few tokens plus a
     stop-string search over the new text and the ``longest stop - 1``
@@ -44,9 +43,8 @@ class IncrementalDetokenizer:
     stream with ``get_delta`` and read ``output_text`` once at the end.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], *, skip_special_tokens: bool = True,
+    def __init__(self, tokenizer, *, skip_special_tokens: bool = True,
                  stop: tuple[str, ...] = (), include_stop_str_in_output: bool = False):
-        del prompt_token_ids  # see the class docstring
         stop = tuple(stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise InvalidParameterError("stop", "stop strings must be non-empty strings")

@@ -93,7 +93,7 @@ class LLMEngine:
         max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
         seq = Sequence(request_id, prompt_ids, params, priority=priority, arrival_time=arrival_time)
         detok = IncrementalDetokenizer(
-            self.tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens,
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
         self._requests[request_id] = _Request(seq, detok, RequestMetrics(seq.arrival_time), max_tokens)
         self.runner.add_request(request_id, params.seed)

@@ -11,7 +11,6 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidParameterError
 
 CHUNK_SIZES = [1, 3]
-PROMPT = [1, 9690, 198]  # "<|im_start|>system\n": not part of the output text
 CAPITAL = "The capital of France is Paris. It is a beautiful city."
 MULTIBYTE = "Héllo 👋 世界! naïve café — 東京タワー 🎉🇯🇵 Ünïcödé ok"
 
@@ -79,7 +78,7 @@ def _ids(tokenizer, text):
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_deltas_join_to_decode_for_ascii_text(smollm2, chunk_size):
     ids = _ids(smollm2, "def add(a, b):\n    return a + b  # sum   of two numbers\n\nprint(add(1, 2))")
-    detok = IncrementalDetokenizer(smollm2, PROMPT)
+    detok = IncrementalDetokenizer(smollm2)
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched is None
     assert "".join(deltas) == detok.output_text == smollm2.decode(ids, skip_special_tokens=True)
@@ -89,7 +88,7 @@ def test_deltas_join_to_decode_for_ascii_text(smollm2, chunk_size):
 def test_multibyte_characters_split_across_tokens_never_emit_replacement_char(smollm2, chunk_size):
     ids = _ids(smollm2, MULTIBYTE)
     assert any(smollm2.decode([i]) == "\ufffd" for i in ids), "no token splits a character"
-    detok = IncrementalDetokenizer(smollm2, PROMPT)
+    detok = IncrementalDetokenizer(smollm2)
     deltas, _ = _stream(detok, ids, chunk_size)
     assert not any("\ufffd" in d for d in deltas)
     assert "".join(deltas) == detok.output_text == smollm2.decode(ids) == MULTIBYTE
@@ -100,7 +99,7 @@ def test_multibyte_characters_split_across_tokens_never_emit_replacement_char(sm
 def test_stop_string_inside_one_token_is_excluded(smollm2, chunk_size):
     ids = _ids(smollm2, CAPITAL)
     assert any("apit" in smollm2.decode([i]) for i in ids)
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("apit",))
+    detok = IncrementalDetokenizer(smollm2, stop=("apit",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "apit"
     assert "".join(deltas) == detok.output_text == "The c"
@@ -110,7 +109,7 @@ def test_stop_string_inside_one_token_is_excluded(smollm2, chunk_size):
 def test_stop_string_split_across_tokens_is_excluded(smollm2, chunk_size):
     ids = _ids(smollm2, CAPITAL)
     assert not any("is Par" in smollm2.decode([i]) for i in ids)
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("is Par",))
+    detok = IncrementalDetokenizer(smollm2, stop=("is Par",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "is Par"
     assert "".join(deltas) == detok.output_text == "The capital of France "
@@ -118,7 +117,7 @@ def test_stop_string_split_across_tokens_is_excluded(smollm2, chunk_size):
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_stop_string_at_the_very_start_gives_empty_output(smollm2, chunk_size):
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("The",))
+    detok = IncrementalDetokenizer(smollm2, stop=("The",))
     deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
     assert matched == "The"
     assert deltas == [""] and detok.output_text == ""
@@ -126,7 +125,7 @@ def test_stop_string_at_the_very_start_gives_empty_output(smollm2, chunk_size):
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 1000])
 def test_earlier_occurring_stop_string_wins(smollm2, chunk_size):
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("beautiful", "Paris"))
+    detok = IncrementalDetokenizer(smollm2, stop=("beautiful", "Paris"))
     deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
     assert matched == "Paris"
     assert "".join(deltas) == detok.output_text == "The capital of France is "
@@ -136,7 +135,7 @@ def test_earlier_occurring_stop_string_wins(smollm2, chunk_size):
 def test_stop_string_completed_first_wins_regardless_of_chunking(smollm2, chunk_size):
     # "France is" begins before "ance" but completes after it: the result is the one
     # streaming character by character would give, whatever the chunking.
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("France is", "ance"))
+    detok = IncrementalDetokenizer(smollm2, stop=("France is", "ance"))
     deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
     assert matched == "ance"
     assert "".join(deltas) == detok.output_text == "The capital of Fr"
@@ -145,7 +144,7 @@ def test_stop_string_completed_first_wins_regardless_of_chunking(smollm2, chunk_
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_stop_string_made_of_a_split_character_is_excluded(smollm2, chunk_size):
     ids = _ids(smollm2, MULTIBYTE)
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("🎉",))
+    detok = IncrementalDetokenizer(smollm2, stop=("🎉",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "🎉"
     assert not any("\ufffd" in d for d in deltas)
@@ -154,7 +153,7 @@ def test_stop_string_made_of_a_split_character_is_excluded(smollm2, chunk_size):
 
 def test_text_that_may_begin_a_stop_string_is_held_back_until_finish(smollm2):
     ids = _ids(smollm2, "I like Paris and")
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("and then",))
+    detok = IncrementalDetokenizer(smollm2, stop=("and then",))
     assert detok.add_tokens(ids) is None
     assert detok.get_delta(finished=False) == "I like Paris "
     assert detok.get_delta(finished=False) == ""
@@ -163,7 +162,7 @@ def test_text_that_may_begin_a_stop_string_is_held_back_until_finish(smollm2):
 
 
 def test_text_that_cannot_begin_a_stop_string_is_not_held_back(smollm2):
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("###", "\n\nUser:"))
+    detok = IncrementalDetokenizer(smollm2, stop=("###", "\n\nUser:"))
     detok.add_tokens(_ids(smollm2, "Hello there"))
     assert detok.get_delta(finished=False) == "Hello there"
 
@@ -171,7 +170,7 @@ def test_text_that_cannot_begin_a_stop_string_is_not_held_back(smollm2):
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_include_stop_str_in_output_keeps_the_stop_and_drops_the_rest(smollm2, chunk_size):
     ids = _ids(smollm2, CAPITAL)
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("Par",), include_stop_str_in_output=True)
+    detok = IncrementalDetokenizer(smollm2, stop=("Par",), include_stop_str_in_output=True)
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "Par"
     assert "".join(deltas) == detok.output_text == "The capital of France is Par"
@@ -180,7 +179,7 @@ def test_include_stop_str_in_output_keeps_the_stop_and_drops_the_rest(smollm2, c
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_stop_strings_that_never_match_leave_the_text_unchanged(smollm2, chunk_size):
     ids = _ids(smollm2, MULTIBYTE + " " + CAPITAL)
-    detok = IncrementalDetokenizer(smollm2, PROMPT, stop=("Paris!", "世界?", "xyz"))
+    detok = IncrementalDetokenizer(smollm2, stop=("Paris!", "世界?", "xyz"))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched is None
     assert "".join(deltas) == detok.output_text == smollm2.decode(ids)
@@ -191,7 +190,7 @@ def test_stop_strings_that_never_match_leave_the_text_unchanged(smollm2, chunk_s
 def test_special_tokens_follow_skip_special_tokens(smollm2, skip_special_tokens, chunk_size):
     im_end = smollm2.convert_tokens_to_ids("<|im_end|>")
     ids = _ids(smollm2, "Bonjour 🎉!") + [im_end] + _ids(smollm2, "\nencore") + [im_end]
-    detok = IncrementalDetokenizer(smollm2, PROMPT, skip_special_tokens=skip_special_tokens)
+    detok = IncrementalDetokenizer(smollm2, skip_special_tokens=skip_special_tokens)
     deltas, _ = _stream(detok, ids, chunk_size)
     expected = smollm2.decode(ids, skip_special_tokens=skip_special_tokens)
     assert "".join(deltas) == detok.output_text == expected
@@ -200,7 +199,7 @@ def test_special_tokens_follow_skip_special_tokens(smollm2, skip_special_tokens,
 
 def test_stop_string_can_match_a_special_token_that_is_kept(smollm2):
     ids = _ids(smollm2, "Bonjour!") + [smollm2.convert_tokens_to_ids("<|im_end|>")] + _ids(smollm2, " more")
-    detok = IncrementalDetokenizer(smollm2, PROMPT, skip_special_tokens=False, stop=("<|im_end|>",))
+    detok = IncrementalDetokenizer(smollm2, skip_special_tokens=False, stop=("<|im_end|>",))
     deltas, matched = _stream(detok, ids, 1)
     assert matched == "<|im_end|>"
     assert "".join(deltas) == detok.output_text == "Bonjour!"
@@ -211,7 +210,7 @@ def test_run_of_invalid_bytes_is_streamed_without_waiting_for_finish(smollm2, ch
     lone_continuation_byte = smollm2.convert_tokens_to_ids("Ģ")  # byte-level BPE's 0x80
     assert smollm2.decode([lone_continuation_byte]) == "\ufffd"
     ids = [lone_continuation_byte] * 40 + _ids(smollm2, "ok 🎉 fine")
-    detok = IncrementalDetokenizer(smollm2, PROMPT)
+    detok = IncrementalDetokenizer(smollm2)
     deltas, _ = _stream(detok, ids, chunk_size)
     assert "".join(deltas) == detok.output_text == smollm2.decode(ids)
     assert "\ufffd" in "".join(deltas[:40 // chunk_size])
@@ -236,7 +235,7 @@ def test_each_token_decodes_a_short_window_not_the_whole_output(smollm2):
     ids = _ids(smollm2, (MULTIBYTE + " " + CAPITAL + "\n") * 40)
     assert len(ids) > 1000
     recorder = _DecodeRecorder(smollm2)
-    detok = IncrementalDetokenizer(recorder, PROMPT, stop=("never appears",))
+    detok = IncrementalDetokenizer(recorder, stop=("never appears",))
     deltas, _ = _stream(detok, ids, 1, check_prefix=False)
     assert "".join(deltas) == smollm2.decode(ids)
     assert max(recorder.decoded_lengths) <= 8
@@ -257,7 +256,7 @@ def test_sentencepiece_leading_spaces_match_decode(sentencepiece_style, chunk_si
     assert "".join(tokenizer.decode([i]) for i in ids) != tokenizer.decode(ids)
 
     for skip_special_tokens in (True, False):
-        detok = IncrementalDetokenizer(tokenizer, [1], skip_special_tokens=skip_special_tokens)
+        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
         deltas, _ = _stream(detok, ids, chunk_size)
         assert not any("\ufffd" in d for d in deltas)
         expected = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -266,7 +265,7 @@ def test_sentencepiece_leading_spaces_match_decode(sentencepiece_style, chunk_si
 
 def test_sentencepiece_stop_string_spanning_a_leading_space(sentencepiece_style):
     ids = _ids(sentencepiece_style, "The capital of France is Paris.")
-    detok = IncrementalDetokenizer(sentencepiece_style, [1], stop=("f France",))
+    detok = IncrementalDetokenizer(sentencepiece_style, stop=("f France",))
     deltas, matched = _stream(detok, ids, 1)
     assert matched == "f France"
     assert "".join(deltas) == detok.output_text == "The capital o"
@@ -274,5 +273,5 @@ def test_sentencepiece_stop_string_spanning_a_leading_space(sentencepiece_style)
 
 def test_stop_strings_must_be_non_empty(smollm2):
     with pytest.raises(InvalidParameterError) as excinfo:
-        IncrementalDetokenizer(smollm2, PROMPT, stop=("ok", ""))
+        IncrementalDetokenizer(smollm2, stop=("ok", ""))
     assert excinfo.value.param == "stop"
