@@ -35,10 +35,14 @@ class Command(BaseCommand):
                                "process runs the workers itself")
         if not Model.objects.filter(slug=model).exists():
             raise CommandError(f"no model {model!r} in the registry")
-        # OpenMP threads that spin while waiting starve the web server, Redis and each other on
-        # a small host: with 2 cores a worker next to Daphne ran several times slower spinning
-        # than sleeping (bench/serve.py). Read once, when torch loads OpenMP, so set it first.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # How torch's OpenMP threads wait between parallel regions, read once when torch loads:
+        # so set before the import, unless the operator chose. Sleeping at once (PASSIVE) pays a
+        # wake-up per region; spinning without bound starves Daphne and Redis on a small host.
+        # A bounded spin measured best next to Daphne + redis-server on 2 cores (bench/serve.py,
+        # 32 streams, alternated twice in one run: 156/142 tok/s against PASSIVE's 127/104 and
+        # a 20k-spin's 93/142).
+        if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+            os.environ.update(OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT="200000")
         from workers.engine_worker import ServeSpec, follow_active_version  # loads the engine (torch)
 
         def active():
