@@ -44,11 +44,13 @@
     const empty = document.getElementById("charts-empty");
     const stamp = document.getElementById("charts-refreshed");
     const buttons = section.querySelectorAll("#chart-window button");
+    const modelField = document.getElementById("chart-model-field");  // hidden until a model has samples
     let win = "1h", timer = null;
 
     function render(data) {
       const slugs = data.model_slugs, asked = select.value;
       select.replaceChildren(...slugs.map((slug) => new Option(slug, slug)));
+      modelField.hidden = slugs.length === 0;
       const slug = slugs.includes(asked) ? asked : slugs[0];
       if (slug === undefined) select.value = "";
       else select.value = slug;

@@ -130,14 +130,17 @@ def test_create_refuses_a_negative_limit(staff_client, owner):
 @pytest.mark.parametrize("method, name, args", [
     ("get", "console:keys", []), ("post", "console:keys", []),
     ("post", "console:key-revoke", ["KEY"]), ("post", "console:key-limits", ["KEY"])])
-def test_non_staff_are_redirected_to_login(client, owner, method, name, args):
+def test_anonymous_go_to_login_and_non_staff_are_refused(client, owner, method, name, args):
     api_key, raw_key = apikey_create(owner=owner, name="k")
-    client.force_login(owner)
     url = reverse(name, args=[api_key.pk if a == "KEY" else a for a in args])
+    data = {"max_requests_per_minute": "1", "name": "x", "owner": owner.pk}
 
-    response = getattr(client, method)(url, {"max_requests_per_minute": "1", "name": "x", "owner": owner.pk})
+    anonymous = getattr(client, method)(url, data)
+    client.force_login(owner)
+    not_staff = getattr(client, method)(url, data)
 
-    assert response.status_code == 302 and "login" in response["Location"]
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith(f"{reverse('chat:login')}?next={url}")
+    assert not_staff.status_code == 403 and b"Staff only" in not_staff.content
     api_key.refresh_from_db()
     assert not api_key.is_revoked and api_key.max_requests_per_minute is None
     assert ApiKey.objects.count() == 1 and apikey_get_usable(raw_key=raw_key) is not None

@@ -1,6 +1,7 @@
 """The workers page: staff only, one row per real worker with its metrics, lost workers flagged."""
 
 import time
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -29,12 +30,16 @@ def worker(tiny_llama_dir):
 
 
 def test_workers_page_is_for_staff_only(client, db):
+    urls = ("/console/workers/", "/console/workers.json", "/console/usage/?group=model", "/console/usage.csv")
+    anonymous = {url: client.get(url) for url in urls}
     get_user_model().objects.create_user("bob", password="pw")
     client.login(username="bob", password="pw")
+    not_staff = {url: client.get(url) for url in urls}
 
-    for url in ("/console/workers/", "/console/workers.json", "/console/usage/", "/console/usage.csv"):
-        response = client.get(url)
-        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    for url in urls:  # anonymous: the site's login, coming back here; logged in but not staff: 403
+        assert anonymous[url].status_code == 302
+        assert anonymous[url]["Location"] == f"/accounts/login/?next={quote(url)}"
+        assert not_staff[url].status_code == 403 and b"Staff only" in not_staff[url].content
 
 
 def test_workers_json_lists_the_live_worker_and_models_without_one(staff_client, worker, tiny_llama_dir):

@@ -170,12 +170,15 @@ def test_one_day_window_has_minute_buckets_and_reaches_back_a_day(staff_client, 
 def test_metrics_json_names_a_bad_window_and_is_for_staff_only(staff_client, client, samples):
     bad = staff_client.get("/console/metrics.json?window=1w")
     staff_client.logout()
+    anonymous = client.get("/console/metrics.json?window=1h")
     get_user_model().objects.create_user("bob", password="pw")
     client.login(username="bob", password="pw")
-    anonymous_or_not_staff = client.get("/console/metrics.json")
+    not_staff = client.get("/console/metrics.json")
 
     assert bad.status_code == 400 and "window" in bad.json()["error"] and "1w" in bad.json()["error"]
-    assert anonymous_or_not_staff.status_code == 302 and "/admin/login/" in anonymous_or_not_staff["Location"]
+    assert anonymous.status_code == 302
+    assert anonymous["Location"] == "/accounts/login/?next=/console/metrics.json%3Fwindow%3D1h"
+    assert not_staff.status_code == 403
 
 
 def test_workers_page_has_the_charts_and_their_empty_state(staff_client):

@@ -14,7 +14,7 @@ from django.utils import timezone
 from webapp.keys.services import apikey_create
 from webapp.registry.models import Model
 from webapp.usage.models import UsageDaily, UsageRecord
-from webapp.usage.selectors import GROUPS, usage_daily_series, usage_totals_by
+from webapp.usage.selectors import GROUPS, RAW_ONLY_GROUPS, usage_daily_series, usage_totals_by
 from webapp.usage.services import usage_purge, usage_record_create, usage_rollup_day
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def records(settings):
 
 
 def _snapshot(since):
-    return ({group: usage_totals_by(group=group, since=since) for group in GROUPS},
+    return ({group: usage_totals_by(group=group, since=since) for group in GROUPS if group not in RAW_ONLY_GROUPS},
             usage_daily_series(since=since))
 
 
@@ -106,3 +106,56 @@ def test_page_csv_and_chart_agree_after_the_purge(client, records):
     assert cells == table[1:]
     assert {name: sum(tokens) for name, tokens in series["models"].items()} == {"gone": 165, "tiny": 92}
     assert 'id="usage-chart"' in page and "vendor/uplot/uPlot.iife.min.js" in page
+
+
+def _end_user_records(tiny):
+    """Three requests naming their end user, on top of ``records``' six that name none."""
+    for n, (end_user, when, prompt, completion, status) in enumerate([
+            ("alice", _at(RECENT, 13), 5, 5, "ok"), ("alice", _at(RECENT, 14), 2, 3, "error"),
+            ("bob", _at(OLD_1, 5), 50, 50, "ok")]):  # bob's day is purged below
+        record = usage_record_create(request_id=f"e{n}", endpoint="completions", status=status, latency=0.1,
+                                     model=tiny, model_name="tiny", end_user=end_user,
+                                     prompt_tokens=prompt, completion_tokens=completion)
+        UsageRecord.objects.filter(pk=record.pk).update(created_at=when)
+
+
+def _by_end_user(since):
+    return [(r["end_user"], r["requests"], r["errors"], r["total_tokens"])
+            for r in usage_totals_by(group="end_user", since=since)]
+
+
+def test_totals_by_end_user_count_raw_records_only(records):
+    _end_user_records(Model.objects.get(slug="tiny"))
+    since = _at(TODAY - timedelta(days=119), 0)
+
+    before = _by_end_user(since)
+    tokens_by_model_before = sum(r["total_tokens"] for r in usage_totals_by(group="model", since=since))
+    _roll_up_and_purge()
+    after = _by_end_user(since)
+    tokens_by_model_after = sum(r["total_tokens"] for r in usage_totals_by(group="model", since=since))
+
+    # "": the six records without one: 15 + 4 + 150 + 3 + 70 + 15 tokens, errors: r1 (error) and r3 (aborted)
+    assert before == [("", 6, 2, 257), ("bob", 1, 0, 100), ("alice", 2, 1, 15)]
+    # After the purge only RECENT and TODAY keep raw records: "" has r4 (70) and r5 (15); bob is gone.
+    assert after == [("", 2, 0, 85), ("alice", 2, 1, 15)]
+    # Grouped by model, the purged days still count through UsageDaily: 257 + 100 + 15.
+    assert tokens_by_model_before == tokens_by_model_after == 372
+
+
+def test_usage_page_groups_by_end_user_and_says_purged_days_are_left_out(client, records):
+    _end_user_records(Model.objects.get(slug="tiny"))
+    client.force_login(get_user_model().objects.create_user("root", is_staff=True))
+
+    page = client.get("/console/usage/?group=end_user&days=120").content.decode()
+    by_model = client.get("/console/usage/?group=model&days=120").content.decode()
+    table = list(csv.reader(io.StringIO(
+        client.get("/console/usage.csv?group=end_user&days=120").content.decode())))
+    body = page.split('<table class="grid" id="usage">')[1].split("</table>")[0].split("<tbody>")[1]
+    cells = [re.findall(r"<td>([^<]*)</td>", row) for row in body.split("</tr>") if "<td>" in row]
+
+    assert "<th>End user</th>" in page and 'id="raw-only"' in page and 'id="raw-only"' not in by_model
+    assert table[0][0] == "end_user"
+    # "(none)": prompts 10 + 4 + 100 + 1 + 30 + 7, completions 5 + 0 + 50 + 2 + 40 + 8
+    assert table[1:] == cells == [["(none)", "6", "2", "152", "105", "0", "257"],
+                                  ["bob", "1", "0", "50", "50", "0", "100"],
+                                  ["alice", "2", "1", "7", "8", "0", "15"]]

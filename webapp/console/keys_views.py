@@ -6,7 +6,6 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
@@ -14,12 +13,16 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from webapp.console.access import staff_required
 from webapp.keys.models import ApiKey
 from webapp.keys.services import LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits
 from webapp.registry.models import Model, ModelVersion
 
 LIMIT_LABELS = {"max_requests_per_minute": "Requests / minute", "max_tokens_per_minute": "Tokens / minute",
                 "max_concurrent_requests": "Concurrent requests", "token_budget": "Token budget"}
+# The keys table's compact limit cells use these (the full label is the input's tooltip).
+LIMIT_SHORT_LABELS = {"max_requests_per_minute": "Req/min", "max_tokens_per_minute": "Tok/min",
+                      "max_concurrent_requests": "Concurrent", "token_budget": "Budget"}
 
 
 def _limit_field(name: str) -> forms.IntegerField:
@@ -53,7 +56,7 @@ def _limits(form: forms.Form) -> dict:
 def _key_rows() -> list[ApiKey]:
     keys = list(ApiKey.objects.select_related("owner").prefetch_related("models").order_by("-created_at"))
     for key in keys:
-        key.limit_values = [(f, LIMIT_LABELS[f], getattr(key, f)) for f in LIMIT_FIELDS]
+        key.limit_values = [(f, LIMIT_LABELS[f], LIMIT_SHORT_LABELS[f], getattr(key, f)) for f in LIMIT_FIELDS]
     return keys
 
 
@@ -62,7 +65,7 @@ def _page(request, form: KeyCreateForm, status: int = 200):
         "keys": _key_rows(), "form": form, "now": timezone.now(), "page": "keys"}, status=status)
 
 
-@staff_member_required
+@staff_required
 @never_cache  # the response to a create carries the secret
 def keys_page(request):
     if request.method != "POST":
@@ -84,7 +87,7 @@ def keys_page(request):
     return _page(request, form, status=400)
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def key_revoke(request, key_id: int):
     api_key = apikey_revoke(api_key=get_object_or_404(ApiKey, pk=key_id))
@@ -92,7 +95,7 @@ def key_revoke(request, key_id: int):
     return redirect("console:keys")
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def key_limits(request, key_id: int):
     api_key = get_object_or_404(ApiKey, pk=key_id)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from webapp.console.access import staff_required
 from webapp.monitoring.selectors import WINDOWS, metric_series
 
 
 @never_cache
 @require_safe
-@staff_member_required
+@staff_required
 def metrics_json(request):
     """``?window=1h|1d`` (default 1h), ``&model=<slug>`` to keep one model; see metric_series."""
     window = request.GET.get("window", "1h")

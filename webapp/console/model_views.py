@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.console.access import staff_required
 from webapp.registry.engine_settings import BLOCK_SIZES, DTYPES
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
@@ -87,17 +87,31 @@ def version_rows() -> list[dict]:
     return [{"model": v.model.slug, **{f: getattr(v, f) for f in VERSION_FIELDS}} for v in rows]
 
 
+def human_count(count: int) -> str:
+    """A parameter count at a glance: 6365504 -> "6.37 M" (the page gives the exact count as a tooltip)."""
+    if count < 1000:
+        return str(count)
+    for suffix, scale in (("K", 1e3), ("M", 1e6), ("B", 1e9)):
+        text = f"{count / scale:.3g}"
+        if "e" not in text:  # 999_600 would read "1e+03 K": the next unit says it better
+            return f"{text} {suffix}"
+    return f"{count / 1e12:.3g} T"
+
+
 def _message(error: ValidationError) -> str:
     return " ".join(error.messages)
 
 
-@staff_member_required
+@staff_required
 def models_page(request):
     if request.method == "POST":
         return _upload(request)
     rows = version_rows()
     for row in rows:
         row["settings_fields"] = settings_form_fields(row["engine_settings"])
+        parameters = (row["validation"] or {}).get("parameters")
+        if isinstance(parameters, int):
+            row["parameters_human"], row["parameters_exact"] = human_count(parameters), f"{parameters:,}"
     return render(request, "console/models.html", {
         "models": Model.objects.order_by("slug"), "rows": rows, "page": "models",
         "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES})
@@ -127,7 +141,7 @@ def _upload(request):
     return redirect("console:models")
 
 
-@staff_member_required
+@staff_required
 def models_json(request):
     """What the models page polls while a version is validating."""
     return JsonResponse({"versions": version_rows()})
@@ -136,7 +150,7 @@ def models_json(request):
 ACTIONS = {"activate": modelversion_activate, "deactivate": modelversion_deactivate}
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def version_action(request, version_id: int, action: str):
     version = get_object_or_404(ModelVersion.objects.select_related("model"), pk=version_id)

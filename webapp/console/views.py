@@ -6,18 +6,18 @@ import csv
 from datetime import datetime, time, timedelta, timezone as dt_timezone
 
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from webapp.console.access import staff_required
 from webapp.console.selectors import models_without_worker, worker_rows
-from webapp.usage.selectors import GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_totals_by
+from webapp.usage.selectors import GROUPS, RAW_ONLY_GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_totals_by
 
 DEFAULT_DAYS = 30
 
 
-@staff_member_required
+@staff_required
 def workers_page(request):
     rows = worker_rows()
     return render(request, "console/workers.html",
@@ -25,7 +25,7 @@ def workers_page(request):
                    "metrics_interval_s": settings.PAGODA_METRICS_INTERVAL_S})
 
 
-@staff_member_required
+@staff_required
 def workers_json(request):
     """What the workers page polls to refresh itself."""
     rows = worker_rows()
@@ -56,19 +56,21 @@ def _label(row: dict, group: str) -> str:
     return str(value) if value not in (None, "") else "(none)"
 
 
-@staff_member_required
+@staff_required
 def usage_page(request):
     group, (days, since) = _group(request), _period(request)
     rows = usage_totals_by(group=group, since=since)
     for row in rows:
         row["label"] = _label(row, group)
     return render(request, "console/usage.html", {
-        "rows": rows, "group": group, "groups": list(GROUPS), "days": days, "page": "usage",
+        "rows": rows, "group": group, "group_label": group.replace("_", " "), "page": "usage",
+        "groups": [(g, g.replace("_", " ")) for g in GROUPS], "days": days,
+        "raw_only": group in RAW_ONLY_GROUPS,
         "series": usage_daily_series(since=since),
         "max_tokens": max([row["total_tokens"] or 0 for row in rows] or [0]) or 1})
 
 
-@staff_member_required
+@staff_required
 def usage_csv(request):
     group, (days, since) = _group(request), _period(request)
     response = HttpResponse(content_type="text/csv")

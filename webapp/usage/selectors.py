@@ -32,7 +32,10 @@ GROUPS = {  # group name -> (fields grouped by, label of the row)
     "user": ("user__username",),
     "model": ("model_name",),
     "day": ("day",),
+    "end_user": ("end_user",),  # the API's ``user`` parameter (UsageRecord.end_user)
 }
+# UsageDaily has no end_user: grouped by end user, purged days are left out (raw records only).
+RAW_ONLY_GROUPS = frozenset({"end_user"})
 TOTAL_COLUMNS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
                  "total_tokens")
 
@@ -41,8 +44,8 @@ TOTAL_COLUMNS = ("requests", "errors", "prompt_tokens", "completion_tokens", "ca
 # model is its registry slug, else the name asked for, as usage_rollup_day stores it, so a row
 # does not change name when its day's raw records are purged.
 _RAW_FIELD = {"api_key__prefix": "api_key__prefix", "api_key__name": "api_key__name",
-              "user__username": "user__username", "model_name": "slug", "day": "day"}
-_DAILY_FIELD = {**_RAW_FIELD, "model_name": "model_slug"}
+              "user__username": "user__username", "model_name": "slug", "day": "day", "end_user": "end_user"}
+_DAILY_FIELD = {**{f: v for f, v in _RAW_FIELD.items() if f != "end_user"}, "model_name": "model_slug"}
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
 
@@ -90,10 +93,11 @@ def _rolled_up(fields: tuple[str, ...], since, until) -> list[dict]:
 
 
 def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
-    """Sums per ``fields`` over raw records and, for purged days, their daily roll-ups."""
+    """Sums per ``fields`` over raw records and, for purged days, their daily roll-ups (unless a
+    field is one the roll-ups do not keep, such as end_user: then raw records only)."""
     merged: dict[tuple, dict] = {}
-    for rows, source in ((_raw(fields, since, until), _RAW_FIELD),
-                         (_rolled_up(fields, since, until), _DAILY_FIELD)):
+    rolled_up = _rolled_up(fields, since, until) if all(f in _DAILY_FIELD for f in fields) else []
+    for rows, source in ((_raw(fields, since, until), _RAW_FIELD), (rolled_up, _DAILY_FIELD)):
         for row in rows:
             key = tuple(row[source[f]] for f in fields)
             total = merged.setdefault(key, {**dict(zip(fields, key)), **dict.fromkeys(_SUMMED, 0)})
@@ -105,9 +109,10 @@ def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
 
 
 def usage_totals_by(*, group: str, since=None, until=None) -> list[dict]:
-    """One row per key / user / model / day (UTC) with request and token sums, largest first
-    (by day: newest first). ``since`` inclusive, ``until`` exclusive (datetimes). Days whose raw
-    records were purged count through their UsageDaily roll-ups, so totals survive retention."""
+    """One row per key / user / model / day (UTC) / end user with request and token sums, largest
+    first (by day: newest first). ``since`` inclusive, ``until`` exclusive (datetimes). Days whose
+    raw records were purged count through their UsageDaily roll-ups, so totals survive retention;
+    except by end user (RAW_ONLY_GROUPS), which the roll-ups do not keep: raw records only."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {', '.join(GROUPS)}")
     rows = _totals(GROUPS[group], since, until)
