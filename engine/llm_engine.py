@@ -222,6 +222,13 @@ class LLMEngine:
             stop_reason=stop_reason, metrics=dataclasses.replace(req.metrics))
 
     # ----------------------------------------------------------------- introspection
+    def reset_counters(self) -> None:
+        """Zero the cumulative counters (tokens, prefix-cache queries and hits, preemptions), so a
+        warm-up request does not show in a server's metrics. Gauges and the cache itself stay."""
+        self.block_manager.num_prefix_queried_tokens = self.block_manager.num_prefix_hit_tokens = 0
+        self.scheduler.num_preemptions = 0
+        self.num_prompt_tokens = self.num_generation_tokens = 0
+
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(

@@ -183,6 +183,7 @@ class EngineWorker:
                            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
         while engine.has_unfinished_requests():
             engine.step()
+        engine.reset_counters()  # served traffic only in the metrics (prefix hit rate, token totals)
 
     def _loop(self) -> None:
         engine = self.engine

@@ -170,3 +170,24 @@ def test_bad_engine_settings_and_prompts_name_the_parameter(tiny):
     assert e.value.param == "request_id"
     tiny.engine.abort_request("dup")
     drain(tiny.engine)
+
+
+def test_reset_counters_zeroes_the_totals_but_keeps_the_prefix_cache(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_kv_blocks=64, max_model_len=256))
+    prompt = list(range(5, 5 + 40))  # two full blocks of 16, then a partial one
+    engine.add_request("warm", prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    drain(engine)
+    before = engine.stats()
+    engine.reset_counters()
+    zeroed = engine.stats()
+    engine.add_request("again", prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    again = drain(engine)["again"][-1]
+
+    assert before.num_prompt_tokens == 40 and before.num_generation_tokens == 4
+    assert before.prefix_cache_queried_tokens > 0
+    assert (zeroed.num_prompt_tokens, zeroed.num_generation_tokens, zeroed.prefix_cache_queried_tokens,
+            zeroed.prefix_cache_hit_tokens, zeroed.num_preemptions) == (0, 0, 0, 0, 0)
+    assert again.num_cached_tokens == 32  # the cache itself survived the reset
+    after = engine.stats()
+    # computed prompt tokens only: the 32 served by the cache are hits, not computed
+    assert (after.num_prompt_tokens, after.num_generation_tokens, after.prefix_cache_hit_tokens) == (8, 2, 32)
