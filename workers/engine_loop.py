@@ -247,6 +247,7 @@ class EngineWorker:
         else:
             chunk = Chunk.failure(request_id, error)
             self.metrics.request_finished("error")
+        chunk.version = self.version
         self._outbox.append((reply_to, Reply("chunk", self.worker_id, chunk)))
 
     def _apply_aborts(self, request_ids: list[str], now: float) -> None:
@@ -308,8 +309,9 @@ class EngineWorker:
     def _collect_due_chunks(self, now: float) -> None:
         for request_id, inflight in list(self._inflight.items()):
             if inflight.is_due(now):
-                self._outbox.append((inflight.reply_to, Reply("chunk", self.worker_id,
-                                                              inflight.take_chunk(now))))
+                chunk = inflight.take_chunk(now)
+                chunk.version = self.version
+                self._outbox.append((inflight.reply_to, Reply("chunk", self.worker_id, chunk)))
                 if inflight.finished:
                     del self._inflight[request_id]
 

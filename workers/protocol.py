@@ -97,6 +97,9 @@ class Chunk:
     num_cached_tokens: int
     time_to_first_token: float | None
     error: ErrorInfo | None = None
+    # The version the answering worker serves: during an activation the web side may have
+    # admitted the request for the new version while the old one still answers it.
+    version: str | None = None
 
     @classmethod
     def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:

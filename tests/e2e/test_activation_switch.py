@@ -187,16 +187,19 @@ def test_activation_switches_versions_while_requests_stream_and_none_fails(site,
     assert [r["text"] for r in first] == references["1", LONG_TOKENS]
     for r in first:
         record = site.usage(r["id"], timeout=30)
-        assert (record["status"], record["completion_tokens"]) == ("ok", LONG_TOKENS)
+        assert (record["status"], record["completion_tokens"], record["version_id"]) == ("ok", LONG_TOKENS, ids[1])
     # They were streaming when the activation committed, and v1 still ran them when v2 took over:
     # it drained them, it did not cut them short.
     assert all(r["ended"] > activated for r in first)
     assert any(r["ended"] > v2_ready for r in first), "the first requests ended before v2 was ready"
-    # Requests sent mid-switch were answered whole by one version or the other.
+    # Requests sent mid-switch were answered whole by one version or the other, and their usage
+    # names the version that answered (the worker stamps it), not the one active at admission.
     for r, prompt_index in zip(during, range(len(PROMPTS))):
         assert r["finish_reason"] == "length"
-        assert r["text"] in (references["1", SHORT_TOKENS][prompt_index],
-                             references["2", SHORT_TOKENS][prompt_index])
+        by_version = {v: references[v, SHORT_TOKENS][prompt_index] for v in ("1", "2")}
+        assert r["text"] in by_version.values()
+        answered_by = next(v for v, text in by_version.items() if text == r["text"])
+        assert site.usage(r["id"], timeout=30)["version_id"] == ids[int(answered_by)]
 
     # v1's worker leaves once its requests are done; v2 alone serves, and new requests get v2's text.
     site.wait_until(lambda: served_versions(site) == ["2"], "v1's worker stopping", timeout=30)

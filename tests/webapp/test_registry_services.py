@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.db import IntegrityError
 
 from webapp.registry.models import ModelVersion
-from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
+from webapp.registry.selectors import modelversion_get_active, modelversion_list_active, modelversion_served
 from webapp.registry.services import (bundled_model_path, model_create, model_register, modelversion_activate,
                                       modelversion_create, modelversion_deactivate)
 from webapp.registry.tokenizers import load_tokenizer
@@ -133,3 +133,16 @@ def test_ensure_bundled_model_registers_and_activates_smollm2_once(media_root, c
     chat_ids = load_tokenizer(version.tokenizer_dir).apply_chat_template([{"role": "user", "content": "Hi"}])
     assert chat_ids[-4:] == load_tokenizer(version.tokenizer_dir).encode("<|im_start|>assistant\n")
     assert "smollm2 v1 active" in capsys.readouterr().out
+
+
+def test_the_served_version_is_the_one_the_answering_worker_names():
+    model = model_create(slug="swapper")
+    v1, v2 = (ModelVersion.objects.create(model=model, number=n, path=f"/ckpt/{n}", format="hf") for n in (1, 2))
+    other = ModelVersion.objects.create(model=model_create(slug="other"), number=3, path="/ckpt/o", format="hf")
+
+    assert modelversion_served(admitted=v2, served_label=None) == v2  # an error before any worker answered
+    assert modelversion_served(admitted=v2, served_label="2") == v2
+    assert modelversion_served(admitted=v2, served_label="1") == v1  # admitted mid-switch, answered by v1
+    assert modelversion_served(admitted=v2, served_label="3") == v2  # another model's number: not ours
+    assert modelversion_served(admitted=v2, served_label="v9") == v2  # not a registry label
+    assert other.number == 3

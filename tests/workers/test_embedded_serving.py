@@ -51,6 +51,7 @@ async def test_embedded_stream_equals_the_engine_own_greedy_output(client, refer
     assert [t for c in chunks for t in c.token_ids] == expected.token_ids
     assert chunks[-1].finished and chunks[-1].finish_reason == "length"
     assert not any(c.finished or c.error for c in chunks[:-1])
+    assert {c.version for c in chunks} == {"v1"}  # stamped by the worker that answered
 
 
 @pytest.mark.asyncio

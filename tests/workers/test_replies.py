@@ -62,7 +62,7 @@ def test_slow_steps_send_every_step(reference_llm):
 
 def test_messages_round_trip_through_json():
     chunk = Chunk("r1", "héllo", [1, 2], [{"token_id": 1, "logprob": -0.5, "top": [[1, -0.5]]}],
-                  True, None, 3, 2, 0, 0.25, ErrorInfo("worker_lost", "gone"))
+                  True, None, 3, 2, 0, 0.25, ErrorInfo("worker_lost", "gone"), version="7")
     reply = Reply("chunk", "w1", chunk)
     request = GenerateRequest("r1", "m", [1, 2], {"temperature": 0}, priority=2, reply_to="x")
     info = WorkerInfo("w1", "m", "v", "h", 1, 2.0, 3.0, 8, 256, {"num_running": 1}, draining=True)

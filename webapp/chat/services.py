@@ -18,7 +18,7 @@ from webapp.chat.selectors import conversation_get
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api.services import Outcome
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active
+from webapp.registry.selectors import modelversion_get_active, modelversion_served
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.services import usage_record_create
@@ -189,7 +189,8 @@ def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Messa
                 cached_prompt_tokens=outcome.num_cached_tokens, finish_reason=finish_reason)
         usage_record_create(
             request_id=turn.request_id, endpoint=ENDPOINT, status=status, latency=latency, user=turn.user,
-            model=turn.model, version=turn.version, model_name=turn.model.slug, prompt_tokens=prompt_tokens,
+            model=turn.model, version=modelversion_served(admitted=turn.version, served_label=outcome.served_version),
+            model_name=turn.model.slug, prompt_tokens=prompt_tokens,
             completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
             time_to_first_token=outcome.time_to_first_token, finish_reason=finish_reason or None,
             error_code=error_code)

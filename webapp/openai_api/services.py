@@ -18,7 +18,7 @@ from webapp.openai_api import errors
 from webapp.openai_api.serializers import (MAX_USER_LENGTH, ChatCompletionInputSerializer, CompletionInputSerializer,
                                           first_error)
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active
+from webapp.registry.selectors import modelversion_get_active, modelversion_served
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.services import usage_record_create
@@ -78,8 +78,10 @@ class Outcome:
     time_to_first_token: float | None = None
     error: ErrorInfo | None = None
     finished: bool = False
+    served_version: str | None = None  # the answering worker's version label
 
     def add(self, chunk: Chunk) -> None:
+        self.served_version = chunk.version or self.served_version
         self.text += chunk.text
         self.logprobs.extend(chunk.logprobs or [])
         self.finished = chunk.finished
@@ -196,7 +198,8 @@ def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool
     return usage_record_create(
         request_id=generation.request_id, endpoint=generation.endpoint, status=status, latency=latency,
         api_key=generation.api_key, user=generation.api_key.owner, model=generation.model,
-        version=generation.version, model_name=generation.model.slug, prompt_tokens=prompt_tokens,
+        version=modelversion_served(admitted=generation.version, served_label=outcome.served_version),
+        model_name=generation.model.slug, prompt_tokens=prompt_tokens,
         completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
         time_to_first_token=outcome.time_to_first_token,
         finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,

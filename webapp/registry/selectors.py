@@ -15,3 +15,11 @@ def modelversion_list_active() -> QuerySet[ModelVersion]:
 
 def modelversion_get_active(*, slug: str) -> ModelVersion | None:
     return modelversion_list_active().filter(model__slug=slug).first()
+
+
+def modelversion_served(*, admitted: ModelVersion, served_label: str | None) -> ModelVersion:
+    """The version that answered a request admitted for ``admitted``: another one when the
+    request ran during an activation on the worker of the version being replaced."""
+    if not served_label or served_label == admitted.label or not served_label.isdigit():
+        return admitted
+    return ModelVersion.objects.filter(model_id=admitted.model_id, number=int(served_label)).first() or admitted
