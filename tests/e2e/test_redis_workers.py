@@ -9,6 +9,7 @@ worker's heartbeat (its pid, its draining flag, how many requests it has taken).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -236,12 +237,16 @@ def test_sigterm_to_daphne_aborts_streams_still_running_after_its_drain_timeout_
     web.procs.remove(daphne)
     daphne.send_signal(signal.SIGTERM)
     sent_at = time.monotonic()
-    with pytest.raises((httpx.HTTPError, openai.APIError)):  # the connection ends without [DONE]
-        list(chunks)
+    # The stream is cut: it ends without a finish_reason, whether the connection then breaks
+    # (an error here) or Daphne closes the response cleanly (the iteration just stops).
+    finish_reasons = []
+    with contextlib.suppress(httpx.HTTPError, openai.APIError):
+        finish_reasons += [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     code = daphne.wait(timeout=drain_timeout + 15)
     exited_after = time.monotonic() - sent_at
     print(f"Daphne exited {exited_after:.1f} s after SIGTERM with code {code}")
 
+    assert finish_reasons == []
     assert code == 0 and exited_after < drain_timeout + 10
     record = site.usage(first.id)
     assert record["status"] == "aborted" and 0 < record["completion_tokens"] < LONG["max_tokens"]
