@@ -276,3 +276,30 @@ def test_parameter_counts_read_at_a_glance(count, shown):
     from webapp.console.model_views import human_count
 
     assert human_count(count) == shown
+
+
+def test_a_checkpoint_already_on_the_server_is_registered_in_place_and_validated(
+        staff_client, tiny_llama_dir, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff_client.post("/console/models/", {"form": "register-path", "model_slug": "onsite",
+                                                          "path": str(tiny_llama_dir)}, follow=True)
+
+    version = ModelVersion.objects.get(model__slug="onsite")
+    assert "Registered onsite v1" in response.content.decode()
+    assert (version.status, version.format, version.path) == ("ready", "hf", str(Path(tiny_llama_dir).resolve()))
+    assert version.validation["parameters"] == safetensors_numel(Path(tiny_llama_dir))
+    staff_client.post(f"/console/models/versions/{version.pk}/delete/")
+    assert not ModelVersion.objects.exists() and (Path(tiny_llama_dir) / "config.json").is_file()  # left in place
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("relative/dir", "not an absolute path"),
+    ("/no/such/checkpoint", "does not exist"),
+    ("/etc", "neither a .gguf file nor a Hugging Face directory"),
+])
+def test_registering_a_bad_server_path_is_refused_naming_it(staff_client, path, reason):
+    response = staff_client.post("/console/models/", {"form": "register-path", "model_slug": "onsite",
+                                                      "path": path}, follow=True)
+    page = response.content.decode()
+    assert "Registration refused" in page and reason in page and path in page
+    assert not ModelVersion.objects.exists()

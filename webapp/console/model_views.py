@@ -15,7 +15,8 @@ from webapp.console.access import staff_required
 from webapp.registry.engine_settings import BLOCK_SIZES, DTYPES
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
-                                      modelversion_delete, modelversion_update_settings, modelversion_upload)
+                                      modelversion_delete, modelversion_register_path,
+                                      modelversion_update_settings, modelversion_upload)
 
 VERSION_FIELDS = ("id", "number", "format", "status", "step", "progress", "error", "validation", "path",
                   "engine_settings")
@@ -105,7 +106,7 @@ def _message(error: ValidationError) -> str:
 @staff_required
 def models_page(request):
     if request.method == "POST":
-        return _upload(request)
+        return _register_path(request) if request.POST.get("form") == "register-path" else _upload(request)
     rows = version_rows()
     for row in rows:
         row["settings_fields"] = settings_form_fields(row["engine_settings"])
@@ -138,6 +139,20 @@ def _upload(request):
         converting = (version.validation or {}).get("convert_dtype")
         messages.success(request, f"Uploaded {version}; "
                                   f"{f'converting to {converting}, then ' if converting else ''}validating.")
+    return redirect("console:models")
+
+
+def _register_path(request):
+    slug, path = request.POST.get("model_slug", "").strip(), request.POST.get("path", "").strip()
+    try:
+        if not slug or not path:
+            raise ValidationError("choose a model name and give the checkpoint's path on the server")
+        version = modelversion_register_path(model_slug=slug, path=path,
+                                             engine_settings=settings_from_form(request.POST, {}))
+    except ValidationError as error:
+        messages.error(request, f"Registration refused: {_message(error)}")
+    else:
+        messages.success(request, f"Registered {version} from {version.path}; validating.")
     return redirect("console:models")
 
 

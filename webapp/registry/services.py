@@ -115,6 +115,33 @@ def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict
     return version
 
 
+def modelversion_register_path(*, model_slug: str, path: str, engine_settings: dict | None = None) -> ModelVersion:
+    """Register a checkpoint already on the server (a .gguf file or a Hugging Face directory) as a
+    new version and queue the same validation an upload gets.
+
+    The files stay where they are and are never rewritten (so no dtype conversion) nor deleted
+    with the version. The path must be absolute: a relative one would depend on the server's
+    working directory.
+    """
+    engine_settings = validate_engine_settings(engine_settings or {})
+    validate_slug(model_slug)
+    if not path or not Path(path).is_absolute():
+        raise ValidationError(f"{path!r} is not an absolute path on the server", code="relative_path")
+    resolved = Path(path).resolve()
+    if not resolved.exists():
+        raise ValidationError(f"{path!r} does not exist on the server", code="missing_path")
+    fmt = checkpoint_format(resolved)
+    with transaction.atomic():
+        model = Model.objects.filter(slug=model_slug).first() or model_create(slug=model_slug)
+        Model.objects.select_for_update().get(pk=model.pk)
+        number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        version = ModelVersion.objects.create(
+            model=model, number=number, path=str(resolved), format=fmt, engine_settings=engine_settings,
+            status=ModelVersion.Status.VALIDATING, step="queued")
+        transaction.on_commit(lambda: _queue_validation(version.pk))
+    return version
+
+
 def _queue_validation(version_id: int) -> None:
     from webapp.config.embedded_jobs import enqueue
     from webapp.registry.tasks import validate_model_version
