@@ -11,8 +11,8 @@ from workers.transport import get_engine_client
 def snapshot_worker_metrics(model: str | None = None) -> list[dict]:
     """The live workers (of ``model``, or all) with their metrics, as JSON-ready dicts.
 
-    One sample of the time series behind the console's charts: run it periodically (Celery
-    beat) and store the result. Each dict is ``WorkerInfo.to_dict()``; ``stats`` is described
-    in workers/metrics.py.
+    For callers that can only queue a task by name (``WorkerInfo.to_dict()`` each; ``stats`` is
+    described in workers/metrics.py). The console's stored time series come from the webapp's
+    monitoring.snapshot_workers, which reads the same heartbeats in its own process.
     """
     return [info.to_dict() for info in get_engine_client().live_workers(model)]

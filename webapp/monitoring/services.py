@@ -10,8 +10,7 @@ from django.utils import timezone
 
 from webapp.monitoring.figures import worker_figures
 from webapp.monitoring.models import WorkerSnapshot
-from workers.protocol import WorkerInfo
-from workers.tasks import snapshot_worker_metrics
+from workers.transport import get_engine_client
 
 SNAPSHOT_FIELDS = ("num_running", "num_waiting", "kv_cache_usage", "tokens_per_s", "ttft_p50", "ttft_p95",
                    "itl_p50", "itl_p95", "prefix_cache_hit_rate")
@@ -20,12 +19,11 @@ SNAPSHOT_FIELDS = ("num_running", "num_waiting", "kv_cache_usage", "tokens_per_s
 def snapshot_take(*, now: datetime | None = None) -> list[WorkerSnapshot]:
     """Store one row per live worker, all stamped ``now``; returns them (none without workers).
 
-    The sample is workers.tasks.snapshot_worker_metrics, called in this process: the workers'
-    heartbeats are in Redis (or this process, embedded), so no worker has to run a job for it."""
+    The workers' heartbeats are in Redis (or in this process, embedded), so the sample is read
+    here; no worker has to run a job for it."""
     taken_at = now or timezone.now()
     rows = []
-    for data in snapshot_worker_metrics():
-        info = WorkerInfo.from_dict(data)
+    for info in get_engine_client().live_workers():
         figures = worker_figures(info.stats)
         rows.append(WorkerSnapshot(taken_at=taken_at, model_slug=info.model, version=info.version,
                                    worker_id=info.worker_id, **{f: figures[f] for f in SNAPSHOT_FIELDS}))

@@ -22,11 +22,6 @@ logger = logging.getLogger(__name__)
 APPS_READY_TIMEOUT_S = 60.0
 
 
-def embedded_workers_enabled() -> bool:
-    """This process runs the engine workers: the server in embedded mode (see RegistryConfig.ready)."""
-    return embedded_server()
-
-
 def sync_embedded_worker(slug: str) -> str | None:
     """Make this process's worker for ``slug`` serve the model's active version, or none.
 
@@ -35,7 +30,7 @@ def sync_embedded_worker(slug: str) -> str | None:
     version drains the model's worker. Returns the version label now served, None if none; a
     no-op returning None unless embedded workers are enabled.
     """
-    if not embedded_workers_enabled():
+    if not embedded_server():
         return None
     from webapp.registry.selectors import modelversion_get_active
     from workers.transport import start_embedded_worker, stop_embedded_worker
