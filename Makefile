@@ -1,6 +1,7 @@
 # Pagoda's entry points. Needs GNU make and python3 (3.11); everything else is installed here.
 #   make run    start Pagoda with the bundled model
 #   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x")
+#   make test-fast  the same without tests marked slow (servers, browsers, real model): the edit-run loop
 
 PYTHON ?= $(shell command -v python3.11 || echo python3)
 VENV := .venv
@@ -18,7 +19,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: venv system-deps test run bench lint-imports clean
+.PHONY: venv system-deps test test-fast run bench lint-imports clean
 
 venv: $(STAMP)
 
@@ -45,6 +46,9 @@ system-deps:
 
 test: system-deps venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: system-deps venv
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
 # Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager.
 run: venv
