@@ -1,257 +1,322 @@
-"""An engine worker process: one model version served over Redis until SIGTERM.
+"""The engine loop of a worker: one thread owns the engine; requests arrive from a transport.
 
-    python -m workers.engine_worker --model-path PATH --model NAME [--version V] [--redis-url URL]
-
-``run_worker`` builds the engine, warms it up, announces the worker and runs the engine loop
-(workers/engine_loop.py) in this thread. On SIGTERM (or SIGINT) the worker stops taking
-requests, finishes the running ones within the drain timeout and exits 0; a second signal
-stops it at once.
+Each iteration: apply aborts, admit new requests while there is room (blocking briefly on the
+queue only when the engine is idle, so an idle worker does not spin), run one engine step,
+send the chunks that are due. A separate heartbeat thread announces the worker with its
+metrics. ``request_stop()`` (any thread) begins the drain: no new requests, the heartbeat says
+``draining``, running requests finish within ``drain_timeout`` and what is left then gets
+``worker_lost``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
+import dataclasses
 import logging
 import os
-import signal
-import sys
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine.errors import InvalidParameterError
-from workers.engine_loop import EngineWorker, engine_config, new_worker_id
+from engine.config import EngineConfig
+from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from workers.heartbeat import Heartbeat
+from workers.metrics import WorkerMetrics
+from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER,
+                              WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo)
+from workers.replies import InFlight
 
 logger = logging.getLogger(__name__)
 
-
-@contextlib.contextmanager
-def _stop_on_signals(worker: EngineWorker):
-    """SIGTERM/SIGINT: drain; a second one: stop now. Only the main thread can install them."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum, frame):
-        logger.info("worker %s: %s", worker.worker_id, signal.Signals(signum).name)
-        worker.request_stop(immediate=worker.is_stopping)
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+IDLE_POLL_S = 0.1  # how long an idle loop blocks on the queue before checking aborts and stop
+STATS_INTERVAL_S = 0.2
+RECENT_ABORT_TTL_S = 120.0  # aborts for requests not read yet are remembered this long
+MAX_QUEUE_CREDIT_S = 300.0  # queueing time counted into latencies (bounds clock skew)
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams) if f.init)
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
 
 
-def run_worker(model: str, version: str, path: str, engine_settings: dict, *,
-               redis_url: str | None, drain_timeout: float = 30.0) -> int:
-    """Serve ``model`` from this process over Redis until SIGTERM; returns the exit code.
+class WorkerTransport(Protocol):
+    """The worker side of a transport (redis_transport / memory_transport)."""
 
-    ``redis_url`` defaults to $REDIS_URL; without either there is nobody to serve (embedded
-    mode runs its worker inside the web process instead), so this returns 2.
-    """
-    url = redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        logger.error("an engine worker process needs REDIS_URL (embedded mode needs no worker process)")
-        return 2
-    import redis
+    worker_id: str
 
-    from workers.redis_transport import RedisWorkerTransport  # redis only in distributed mode
+    def heartbeat(self, info: WorkerInfo) -> None: ...
+    def unregister(self) -> None: ...
+    def poll_aborts(self) -> list[str]: ...
+    def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
+                 timeout_s: float) -> list[GenerateRequest]: ...
+    def close(self) -> None: ...
 
-    try:
-        engine_config(path, dict(engine_settings))
-    except InvalidParameterError as exc:
-        logger.error("bad engine settings for %s: %s", model, exc)
-        return 2
-    try:
-        transport = RedisWorkerTransport(url, model, new_worker_id())
-    except redis.ConnectionError as exc:
-        logger.error("cannot reach Redis at %s: %s", url, exc)
-        return 1
-    worker = EngineWorker(model, version, path, engine_settings, transport,
-                          drain_timeout=drain_timeout)
-    with _stop_on_signals(worker):
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def engine_config(path: str, engine_settings: dict) -> EngineConfig:
+    """Validated config; an unknown setting raises InvalidParameterError naming it."""
+    unknown = sorted(set(engine_settings) - _CONFIG_FIELDS)
+    if unknown:
+        raise InvalidParameterError(unknown[0],
+                                    f"unknown engine setting; known: {sorted(_CONFIG_FIELDS)}")
+    return EngineConfig(model=path, **engine_settings)
+
+
+def sampling_params(params: object) -> SamplingParams:
+    if not isinstance(params, dict):
+        raise InvalidParameterError("params", "must be an object of sampling parameters")
+    unknown = sorted(set(params) - _SAMPLING_FIELDS)
+    if unknown:
+        raise InvalidParameterError(unknown[0],
+                                    f"unknown sampling parameter; known: {sorted(_SAMPLING_FIELDS)}")
+    return SamplingParams(**params)
+
+
+def error_info(exc: Exception) -> ErrorInfo:
+    if isinstance(exc, ContextLengthExceededError):
+        return ErrorInfo(CONTEXT_LENGTH_EXCEEDED, exc.message, exc.param)
+    if isinstance(exc, InvalidParameterError):
+        return ErrorInfo(INVALID_PARAMETER, exc.message, exc.param)
+    return ErrorInfo(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class EngineWorker:
+    def __init__(self, model: str, version: str, path: str, engine_settings: dict,
+                 transport: WorkerTransport, *, drain_timeout: float = 30.0,
+                 on_ready: Callable[[], None] | None = None):
+        self.model = model
+        self.version = version
+        self.config = engine_config(path, dict(engine_settings))
+        self.transport = transport
+        self.worker_id = transport.worker_id
+        self.drain_timeout = drain_timeout
+        self.on_ready = on_ready
+        self.engine: LLMEngine | None = None
+        self.metrics = WorkerMetrics()
+        self.ready = threading.Event()  # announced and taking requests
+        self.accepting = True
+        self.started_at = time.time()
+        self._stop_at: float | None = None  # monotonic time of the stop request
+        self._stop_now = False
+        self._inflight: dict[str, InFlight] = {}
+        self._outbox: list[tuple[str, Reply]] = []
+        self._recent_aborts: dict[str, float] = {}  # request_id -> monotonic time heard
+        self._stats: dict = {}
+        self._stats_at = 0.0
+        self._last_tick = time.monotonic()
+        self._announce_lock = threading.Lock()
+        self.heartbeat = Heartbeat(self.announce, lambda: self._last_tick)
+
+    # ----------------------------------------------------------------- control (any thread)
+    def request_stop(self, immediate: bool = False) -> None:
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        if immediate:
+            self._stop_now = True
+
+    @property
+    def is_stopping(self) -> bool:
+        return self._stop_at is not None
+
+    def announce(self) -> None:
+        """Publish the current WorkerInfo. Serialised, so that a heartbeat built just before
+        the drain began cannot land after the draining announcement and undo it."""
+        with self._announce_lock:
+            self.transport.heartbeat(self.info())
+
+    def info(self) -> WorkerInfo:
+        engine = self.engine
+        return WorkerInfo(
+            worker_id=self.worker_id, model=self.model, version=self.version,
+            host=socket.gethostname(), pid=os.getpid(), started_at=self.started_at,
+            last_heartbeat=time.time(), max_num_seqs=self.config.max_num_seqs,
+            max_model_len=engine.max_model_len if engine else 0, stats=self._stats,
+            draining=not self.accepting)
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        """Load, warm up, announce, serve until stopped; 0 on a clean stop, 1 if loading failed."""
         try:
-            return worker.run()
+            self.engine = LLMEngine(self.config)
+            self._warm_up()
         except Exception:
-            logger.exception("worker %s crashed", worker.worker_id)
+            logger.exception("worker %s: could not load %s (%s)", self.worker_id, self.model,
+                             self.config.model)
+            self.transport.close()
             return 1
-
-
-@dataclass(frozen=True)
-class ServeSpec:
-    """What a model's worker should serve: compared whole, so new settings also mean a swap."""
-
-    version: str
-    path: str
-    engine_settings: dict = field(default_factory=dict)
-
-
-class _Follower:
-    """Serves whatever ``active()`` says, swapping engines in this process when it changes.
-
-    The main thread polls; each engine runs in a thread of its own. A new spec loads next to
-    the serving engine, whose worker drains (finishes its running requests, then stops) once the
-    new one is ready: the same hand-over as embedded mode. No spec: every worker drains and the
-    process waits for the next activation.
-    """
-
-    def __init__(self, model: str, active: Callable[[], ServeSpec | None], url: str,
-                 drain_timeout: float):
-        self.model, self.active, self.url, self.drain_timeout = model, active, url, drain_timeout
-        self.workers: list[tuple[EngineWorker, threading.Thread]] = []
-        self.current: tuple[ServeSpec, EngineWorker] | None = None
-        self.failed: ServeSpec | None = None  # not retried until the spec changes
-        self.results: dict[str, int] = {}  # worker id -> run()'s exit code
-        self.stopping = False
-
-    def poll(self) -> None:
-        self.workers = [(w, t) for w, t in self.workers if t.is_alive()]
-        if self.current is not None and self.results.get(self.current[1].worker_id) == 1:
-            logger.error("worker %s could not load %s; the previous one (if any) keeps serving",
-                         self.current[1].worker_id, self.current[0])
-            self.failed, self.current = self.current[0], None
+        if self.is_stopping:
+            self.transport.close()
+            return 0
+        self._refresh_stats(force=True)
+        self.announce()
+        self.heartbeat.start()
+        self.ready.set()
+        logger.info("worker %s serves %s version %s (max_num_seqs %d, max_model_len %d)",
+                    self.worker_id, self.model, self.version, self.config.max_num_seqs,
+                    self.engine.max_model_len)
+        if self.on_ready is not None:
+            self.on_ready()
         try:
-            spec = self.active()
-        except Exception:  # the registry's database away for a moment: keep serving
-            logger.exception("could not read the active version of %s", self.model)
-            return
-        if spec is None:
-            if self.current is not None:
-                logger.info("%s has no active version any more: draining, then waiting", self.model)
-                self.current = None
-                for worker, _thread in self.workers:
-                    worker.request_stop()
-            return
-        if spec == self.failed or (self.current is not None and self.current[0] == spec):
-            return
-        self.failed = None
-        self._start(spec)
+            self._loop()
+        finally:
+            self.heartbeat.stop()
+            for clean_up in (self._give_up_inflight, self.transport.unregister, self.transport.close):
+                try:
+                    clean_up()
+                except Exception:
+                    logger.exception("worker %s: shutdown step %s failed", self.worker_id,
+                                     clean_up.__name__)
+        logger.info("worker %s stopped", self.worker_id)
+        return 0
 
-    def _start(self, spec: ServeSpec) -> None:
-        import redis
+    def _warm_up(self) -> None:
+        """One tiny request through prefill and decode, so the first user does not pay for it."""
+        engine = self.engine
+        num_prompt = max(1, min(8, engine.max_model_len - 2))
+        max_tokens = max(1, min(2, engine.max_model_len - num_prompt))
+        engine.add_request(f"warmup-{self.worker_id}", [0] * num_prompt,
+                           SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.reset_counters()  # served traffic only in the metrics (prefix hit rate, token totals)
 
-        from workers.redis_transport import RedisWorkerTransport
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            self._last_tick = now = time.monotonic()
+            if self.is_stopping:
+                if self.accepting:
+                    self.accepting = False
+                    self._refresh_stats(force=True)
+                    self.announce()  # clients stop routing here now
+                    logger.info("worker %s draining %d requests", self.worker_id, len(self._inflight))
+                if (not self._inflight or self._stop_now
+                        or now - self._stop_at > self.drain_timeout):
+                    return
+            self._apply_aborts(self.transport.poll_aborts(), now)
+            if engine.has_unfinished_requests():
+                self._step()
+            self._collect_due_chunks(time.monotonic())
+            # Replies out and new requests in, in one round trip; only an idle engine waits.
+            room = self.config.max_num_seqs - len(self._inflight) if self.accepting else 0
+            idle = not engine.has_unfinished_requests()
+            outbox, self._outbox = self._outbox, []
+            wait_s = IDLE_POLL_S if idle and room > 0 else 0.0
+            self._admit(self.transport.exchange(outbox, room, wait_s))
+            if idle and room <= 0 and not self._outbox:
+                time.sleep(IDLE_POLL_S)  # draining with nothing to run: do not spin
+            self._refresh_stats()
 
+    # ----------------------------------------------------------------- requests
+    def _admit(self, requests: list[GenerateRequest]) -> None:
+        for req in requests:
+            self.metrics.request_claimed()
+            self._outbox.append((req.reply_to, Reply("claimed", self.worker_id)))
+            if self._recent_aborts.pop(req.request_id, None) is not None:
+                self._fail(req.reply_to, req.request_id, None)
+                continue
+            try:
+                self.engine.add_request(req.request_id, req.prompt_token_ids,
+                                        sampling_params(req.params), priority=req.priority,
+                                        arrival_time=self._arrival_time(req.created_at))
+            except Exception as exc:
+                if not isinstance(exc, InvalidParameterError):
+                    logger.exception("request %s could not be added", req.request_id)
+                self._fail(req.reply_to, req.request_id, error_info(exc))
+            else:
+                self._inflight[req.request_id] = InFlight(req)
+
+    @staticmethod
+    def _arrival_time(created_at: object) -> float:
+        """created_at (wall clock, set by the client) as engine time, so latency includes queueing."""
+        now = time.monotonic()
+        if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
+            return now
+        return now - min(max(0.0, time.time() - created_at), MAX_QUEUE_CREDIT_S)
+
+    def _fail(self, reply_to: str, request_id: str, error: ErrorInfo | None) -> None:
+        """A final chunk for a request that is not (or no longer) in the engine."""
+        if error is None:  # aborted before it started
+            chunk = Chunk(request_id, "", [], None, True, "abort", 0, 0, 0, None)
+            self.metrics.request_finished("abort")
+        else:
+            chunk = Chunk.failure(request_id, error)
+            self.metrics.request_finished("error")
+        chunk.version = self.version
+        self._outbox.append((reply_to, Reply("chunk", self.worker_id, chunk)))
+
+    def _apply_aborts(self, request_ids: list[str], now: float) -> None:
+        for request_id in request_ids:
+            if request_id in self._inflight:
+                with contextlib.suppress(RequestNotFoundError):  # finished, final chunk pending
+                    self.engine.abort_request(request_id)
+            else:  # another worker's, or ours but not read from the queue yet
+                self._recent_aborts[request_id] = now
+        if self._recent_aborts and request_ids:
+            cutoff = now - RECENT_ABORT_TTL_S
+            self._recent_aborts = {r: t for r, t in self._recent_aborts.items() if t > cutoff}
+
+    def _step(self) -> None:
         try:
-            engine_config(spec.path, dict(spec.engine_settings))
-            transport = RedisWorkerTransport(self.url, self.model, new_worker_id())
-            worker = EngineWorker(self.model, spec.version, spec.path, spec.engine_settings,
-                                  transport, drain_timeout=self.drain_timeout)
-        except (InvalidParameterError, redis.ConnectionError) as exc:
-            logger.error("cannot serve %s version %s: %s", self.model, spec.version, exc)
-            self.failed = spec
-            return
-        worker.on_ready = lambda: self._retire_others(worker)
-        thread = threading.Thread(target=self._run, args=(worker,), daemon=True,
-                                  name=f"pagoda-engine-{self.model}-{spec.version}")
-        logger.info("%s: loading version %s from %s", self.model, spec.version, spec.path)
-        self.workers.append((worker, thread))
-        self.current = (spec, worker)
-        thread.start()
-
-    def _run(self, worker: EngineWorker) -> None:
-        try:
-            self.results[worker.worker_id] = worker.run()
+            outputs = self.engine.step()
         except Exception:
-            logger.exception("worker %s crashed", worker.worker_id)
-            self.results[worker.worker_id] = 1
-
-    def _retire_others(self, keep: EngineWorker) -> None:
-        """``keep`` is ready: the workers started before it drain (never a newer, loading one)."""
-        workers = [worker for worker, _thread in list(self.workers)]
-        if keep not in workers:
+            logger.exception("engine step failed; failing the %d running requests", len(self._inflight))
+            self._fail_inflight(ErrorInfo(INTERNAL_ERROR,
+                                          "the engine failed while running this request"))
             return
-        for worker in workers[:workers.index(keep)]:
-            logger.info("%s: version %s ready; worker %s (version %s) drains", self.model,
-                        keep.version, worker.worker_id, worker.version)
-            worker.request_stop()
+        for out in outputs:
+            inflight = self._inflight.get(out.request_id)
+            if inflight is None:
+                continue
+            inflight.add(out)
+            metrics = out.metrics
+            ttft = metrics.time_to_first_token if metrics is not None else None
+            if not inflight.ttft_seen and ttft is not None:
+                inflight.ttft_seen = True
+                self.metrics.first_token(ttft)
+            if out.finished:
+                e2e = decode = None
+                if metrics is not None and metrics.finished_time is not None:
+                    e2e = metrics.finished_time - metrics.arrival_time
+                    if metrics.first_token_time is not None:
+                        decode = metrics.finished_time - metrics.first_token_time
+                self.metrics.request_finished(out.finish_reason, e2e_s=e2e, decode_s=decode,
+                                              num_output_tokens=out.num_output_tokens)
 
-    def stop(self, immediate: bool = False) -> None:
-        self.stopping = True
-        for worker, _thread in list(self.workers):
-            worker.request_stop(immediate=immediate or worker.is_stopping)
+    def _fail_inflight(self, error: ErrorInfo) -> None:
+        """Send ``error`` to every claimed request and drop it from the engine."""
+        for request_id, inflight in list(self._inflight.items()):
+            with contextlib.suppress(RequestNotFoundError):
+                self.engine.abort_request(request_id)
+            self._fail(inflight.reply_to, request_id, error)
+        self._inflight.clear()
+        self.engine.step()  # reports the aborts (already answered) and frees nothing more
 
-    def alive(self) -> bool:
-        return any(thread.is_alive() for _worker, thread in self.workers)
+    def _give_up_inflight(self) -> None:
+        if self._inflight:
+            logger.warning("worker %s: %d requests unfinished at shutdown", self.worker_id,
+                           len(self._inflight))
+            self._fail_inflight(ErrorInfo(WORKER_LOST, "the worker shut down before this request "
+                                                       "finished"))
+        outbox, self._outbox = self._outbox, []
+        self.transport.exchange(outbox, 0, 0.0)
 
+    def _collect_due_chunks(self, now: float) -> None:
+        for request_id, inflight in list(self._inflight.items()):
+            if inflight.is_due(now):
+                chunk = inflight.take_chunk(now)
+                chunk.version = self.version
+                self._outbox.append((inflight.reply_to, Reply("chunk", self.worker_id, chunk)))
+                if inflight.finished:
+                    del self._inflight[request_id]
 
-def follow_active_version(model: str, active: Callable[[], ServeSpec | None], *,
-                          redis_url: str | None, drain_timeout: float = 30.0,
-                          poll_interval: float = 2.0, stop: threading.Event | None = None) -> int:
-    """Serve ``model``'s active version over Redis, following activations, until SIGTERM.
-
-    ``active()`` returns what should be served now (None: nothing); it is called every
-    ``poll_interval`` seconds from the calling thread, so a caller may read a database there.
-    When the answer changes, the new version loads in this process while the old one keeps
-    serving; then the old one finishes its running requests and stops. With no active version
-    the workers drain and the process waits (rather than exit, which a process supervisor would
-    answer with a restart loop of a command that has nothing to serve). SIGTERM/SIGINT (in the
-    main thread) or setting ``stop`` drains and returns 0; a second signal stops at once.
-    """
-    url = redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        logger.error("an engine worker process needs REDIS_URL (embedded mode needs no worker process)")
-        return 2
-    follower = _Follower(model, active, url, drain_timeout)
-    wake = stop if stop is not None else threading.Event()
-    signalled = []
-
-    def handle(signum, frame):
-        logger.info("%s follower: %s", model, signal.Signals(signum).name)
-        follower.stop(immediate=bool(signalled))
-        signalled.append(signum)
-        wake.set()
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not follower.stopping:
-            if wake.is_set():
-                follower.stop()
-                break
-            follower.poll()
-            wake.wait(poll_interval)
-        while follower.alive():
-            time.sleep(0.1)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
-
-
-def _setting(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except ValueError:
-        return key, raw
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.engine_worker",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--model-path", required=True,
-                        help="checkpoint directory, .gguf file or 'smollm2'")
-    parser.add_argument("--model", required=True, help="the model name requests are addressed to")
-    parser.add_argument("--version", default="local")
-    parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
-    parser.add_argument("--drain-timeout", type=float, default=30.0)
-    parser.add_argument("--setting", type=_setting, action="append", default=[], metavar="KEY=VALUE",
-                        help="an EngineConfig field, e.g. --setting num_kv_blocks=64 (JSON values)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_worker(args.model, args.version, args.model_path, dict(args.setting),
-                      redis_url=args.redis_url, drain_timeout=args.drain_timeout)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def _refresh_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._stats_at >= STATS_INTERVAL_S:
+            self._stats = self.metrics.snapshot(self.engine.stats(), len(self._inflight))
+            self._stats_at = now

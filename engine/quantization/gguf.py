@@ -1,0 +1,84 @@
+"""GGUF quantized blocks straight into Pagoda's int4/int8 layouts, without a float weight.
+
+Block layouts (gguf 0.19 gguf/quants.py; 32 weights a block, one row of the [out, in] weight is
+in / 32 consecutive blocks):
+- Q4_0, 18 bytes: fp16 d, 16 bytes of nibbles;           w = d * (q - 8)
+- Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles;   w = d * q + m
+- Q8_0, 34 bytes: fp16 d, 32 int8;                       w = d * q
+Nibble byte j of a block holds weight j in its low half and weight j + 16 in its high half.
+
+Our int4 computes w = (q - 8) * s + z per group of 32, so Q4_0 is s = d, z = 0 and Q4_1 is
+s = d, z = m + 8 d, with the codes kept as they are; the only loss is rounding d and z to bf16,
+which the fast CPU kernel requires. Functions take a tensor's raw bytes (``GGUFReader`` tensors'
+``.data``: uint8 [rows, bytes a row]) and the HF shape (out, in). Rows come out in file order:
+apply the loader's Q/K un-permutation to codes, scales and zeros alike (it moves whole rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.quantization.int4 import KERNEL_DTYPE
+
+BLOCK = 32
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def _blocks(data, shape: tuple[int, int], qtype: str) -> torch.Tensor:
+    """Raw bytes -> uint8 [out, in / 32, bytes a block]."""
+    out_features, in_features = (int(d) for d in shape)
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"unsupported GGUF block type {qtype!r}; expected one of {list(BLOCK_BYTES)}")
+    if in_features % BLOCK:
+        raise ValueError(f"{qtype}: in_features ({in_features}) is not a multiple of {BLOCK}")
+    raw = torch.as_tensor(np.ascontiguousarray(data)) if not isinstance(data, torch.Tensor) else data
+    expected = out_features * in_features // BLOCK * BLOCK_BYTES[qtype]
+    if raw.dtype != torch.uint8 or raw.numel() != expected:
+        raise ValueError(f"{qtype} tensor of shape {tuple(shape)} needs {expected} uint8 bytes, "
+                         f"got {raw.numel()} of {raw.dtype}")
+    return raw.reshape(out_features, in_features // BLOCK, BLOCK_BYTES[qtype])
+
+
+def _fp16(two_bytes: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 2] little-endian -> float32 [...]."""
+    return two_bytes.contiguous().view(torch.float16)[..., 0].float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, blocks, 16] -> codes uint8 [out, blocks * 32] in weight order."""
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [out, blocks, 32]: low halves first
+    return codes.reshape(qs.shape[0], -1)
+
+
+def q4_to_int4(data, shape: tuple[int, int], qtype: str
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_0 / Q4_1 bytes -> (codes uint8 [out, in], scales bf16 [out, in/32], zeros bf16 [out, in/32]),
+    the arguments of Int4WeightOnlyLinear with group_size 32."""
+    if qtype not in ("Q4_0", "Q4_1"):
+        raise ValueError(f"q4_to_int4 takes Q4_0 or Q4_1 blocks, got {qtype!r}")
+    blocks = _blocks(data, shape, qtype)
+    d = _fp16(blocks[..., 0:2])  # [out, blocks]
+    if qtype == "Q4_0":
+        zeros, qs = torch.zeros_like(d), blocks[..., 2:]
+    else:
+        zeros, qs = _fp16(blocks[..., 2:4]) + 8 * d, blocks[..., 4:]
+    return _nibbles(qs), d.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE)
+
+
+def q8_0_to_int8(data, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 bytes -> (q int8 [out, in], scales float32 [out]) for Int8WeightOnlyLinear.
+
+    Not exact: Q8_0 has one scale per 32 weights, the per-channel kernel one per row. We take the
+    row's largest block scale (so nothing clips) and re-round every other block onto it,
+    q' = round(q * d_block / d_row); a block whose scale is the row's keeps its codes, the others
+    lose up to half a step of d_row (bounded; the tests measure the error, ~0.4 of int8's own
+    rounding error on Gaussian-like rows). The lossless route, a group-wise int8 kernel, torch
+    does not have on CPU.
+    """
+    blocks = _blocks(data, shape, "Q8_0")
+    d = _fp16(blocks[..., 0:2])  # [out, blocks]
+    q = blocks[..., 2:].contiguous().view(torch.int8).float()  # [out, blocks, 32]
+    row_scale = d.abs().amax(dim=1).clamp(min=1e-8)  # [out]
+    requantized = torch.round(q * (d / row_scale[:, None])[..., None]).clamp(-127, 127)
+    return requantized.to(torch.int8).reshape(blocks.shape[0], -1), row_scale

@@ -1,0 +1,141 @@
+"""Group-wise asymmetric int4 weight-only linear layers, in the layout torch's CPU kernel reads.
+
+A weight [out, in] is cut into groups of ``group_size`` consecutive input columns; each group of
+each row has a scale s and a zero point z, and a 4-bit code q in 0..15 stands for
+
+    w = (q - 8) * s + z
+
+which is what ``torch.ops.aten._weight_int4pack_mm_for_cpu`` computes (checked in the tests).
+Facts of that kernel in torch 2.13 (measured; see bench/linear_kernels.py):
+- the activation and the scales/zeros tensor must have the same dtype (fp32, bf16 or fp16);
+  on AVX512-BF16 CPUs only bf16 is fast, so the module runs the product in bf16 and casts its
+  input and output, whatever dtype the model computes in;
+- group_size is 32, 64, 128 or 256; in_features must be a multiple of it, out_features of 16;
+- the activation must be 2-D and contiguous;
+- ``_convert_weight_to_int4pack_for_cpu`` takes int32 codes [out, in] and returns an opaque,
+  blocked uint8 [out, in / 2] (inner_k_tiles is ignored on CPU), so a checkpoint should store
+  the plain codes (``pack_codes``) and pack them when loading.
+Off the CPU the module keeps the plain nibbles and dequantizes before the product (a Triton
+dequantize-and-multiply kernel is to come).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUP_SIZES = (32, 64, 128, 256)
+KERNEL_DTYPE = torch.bfloat16  # scales, zeros and activations of the fast CPU product
+
+
+def check_int4_shape(out_features: int, in_features: int, group_size: int) -> None:
+    """ValueError unless the CPU kernel accepts a weight [out_features, in_features]."""
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"int4 group_size must be one of {GROUP_SIZES}, got {group_size}")
+    if in_features % group_size:
+        raise ValueError(f"int4 needs in_features ({in_features}) to be a multiple of "
+                         f"group_size ({group_size})")
+    if out_features % 16:
+        raise ValueError(f"int4 needs out_features ({out_features}) to be a multiple of 16")
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> codes uint8 [N, K] in 0..15, scales and zeros bf16 [N, K / group].
+
+    Min/max per group: s = (max - min) / 15 and z = min + 8 s, both rounded to bf16 first, and the
+    codes chosen against the rounded values so the bf16 rounding is not paid twice.
+    """
+    out_features, in_features = weight.shape
+    check_int4_shape(out_features, in_features, group_size)
+    groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = ((hi - lo) / 15).clamp(min=1e-6).to(KERNEL_DTYPE)
+    zeros = (lo + 8 * scales.float()).to(KERNEL_DTYPE)
+    q = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None] + 8)
+    codes = q.clamp(0, 15).to(torch.uint8).reshape(out_features, in_features)
+    return codes, scales, zeros
+
+
+def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    """The float32 weight [N, K] the codes stand for: (q - 8) * s + z per group."""
+    out_features, in_features = codes.shape
+    q = codes.float().reshape(out_features, in_features // group_size, group_size)
+    w = (q - 8) * scales.float()[..., None] + zeros.float()[..., None]
+    return w.reshape(out_features, in_features)
+
+
+def int4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                          zeros: torch.Tensor, group_size: int,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch float32 x @ dequantize(W).T (+ b), returned in x's dtype."""
+    weight = dequantize_int4(codes, scales, zeros, group_size)
+    out = F.linear(x.float(), weight, None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [N, K] -> uint8 [N, K / 2], even columns in the low nibble (storage layout)."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_codes: uint8 [N, K / 2] -> uint8 [N, K]."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """y = x dequantize(W)^T (+ b) with W in 4-bit groups; takes and returns the model's dtype."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        out_features, in_features = codes.shape
+        check_int4_shape(out_features, in_features, group_size)
+        expected = (out_features, in_features // group_size)
+        if tuple(scales.shape) != expected or tuple(zeros.shape) != expected:
+            raise ValueError(f"int4 scales/zeros must be {expected}, got {tuple(scales.shape)} "
+                             f"and {tuple(zeros.shape)}")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.is_cpu_kernel = codes.device.type == "cpu"
+        if self.is_cpu_kernel:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        else:
+            packed = pack_codes(codes.to(torch.uint8))
+        self.register_buffer("weight_packed", packed)  # CPU: opaque kernel layout; else plain
+        # [K / group, N, 2]: (scale, zero) pairs, the kernel's qScaleAndZeros
+        self.register_buffer("scales_and_zeros", torch.stack(
+            [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, group_size: int = 32,
+                   bias: torch.Tensor | None = None) -> Int4WeightOnlyLinear:
+        codes, scales, zeros = quantize_int4(weight, group_size)
+        return cls(codes, scales, zeros, group_size, bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 [N, K]; off the CPU only (the CPU pack is opaque)."""
+        if self.is_cpu_kernel:
+            raise NotImplementedError("the CPU int4 pack is opaque; keep the codes to dequantize")
+        return dequantize_int4(unpack_codes(self.weight_packed), self.scales_and_zeros[..., 0].t(),
+                               self.scales_and_zeros[..., 1].t(), self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)  # [T, K]
+        if self.is_cpu_kernel:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(KERNEL_DTYPE).contiguous(), self.weight_packed, self.group_size,
+                self.scales_and_zeros).to(x.dtype)
+        else:
+            out = F.linear(x2, self.dequantized_weight().to(x.dtype))
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, bias={self.bias is not None}")

@@ -1,0 +1,78 @@
+"""Per-output-channel symmetric int8 weight-only linear layers (gpt-fast's WeightOnlyInt8Linear).
+
+Row n of the weight is q[n, :] * s[n] with q in -127..127 (symmetric: no zero point, -128 unused so
+that negation is exact). On the CPU the product runs in ``torch._weight_int8pack_mm(x, q, s)``,
+which needs a 2-D activation and scales of the activation's dtype (fp32, bf16 or fp16); with
+bf16 it segfaults (torch 2.13, AVX-512 CPU) unless in_features is a multiple of 16, so such
+layers, and any off the CPU, dequantize the weight to the activation's dtype before the product.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> q int8 [N, K], scales float32 [N] (s = max |w| / 127 per row)."""
+    if weight.dim() != 2:
+        raise ValueError(f"int8 quantization needs a 2-D weight, got shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 [N, K] = q * s per row."""
+    return q.float() * scales.float()[:, None]
+
+
+def int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch float32 x @ (q * s).T (+ b), returned in x's dtype."""
+    out = F.linear(x.float(), dequantize_int8(q, scales), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x (q * s)^T (+ b); takes and returns the activation's dtype."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if q.dim() != 2 or q.dtype != torch.int8:
+            raise ValueError(f"int8 weight must be a 2-D int8 tensor, got {q.dtype} {tuple(q.shape)}")
+        if tuple(scales.shape) != (q.shape[0],):
+            raise ValueError(f"int8 scales must be [{q.shape[0]}], got {tuple(scales.shape)}")
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight_int8", q.contiguous())
+        # kept in the dtype the model computes in, so the kernel needs no cast per call
+        self.register_buffer("scales", scales.detach().to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   dtype: torch.dtype | None = None) -> Int8WeightOnlyLinear:
+        q, scales = quantize_int8(weight)
+        return cls(q, scales, bias, dtype or weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)  # [T, K]
+        scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
+        if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and (
+                x.dtype != torch.bfloat16 or self.in_features % 16 == 0):
+            out = torch._weight_int8pack_mm(x2.contiguous(), self.weight_int8, scales)
+        else:
+            out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
