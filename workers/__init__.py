@@ -1,9 +1,12 @@
 """Serving: engine worker processes (or embedded threads) and the web process's client of them.
 
-protocol.py     the messages (imports no engine: the web process reads it)
-transport.py    EngineClient, get_engine_client(), embedded-mode start/stop (what the webapp uses)
-redis_transport.py / memory_transport.py   distributed (Redis streams) and embedded transports
-engine_loop.py  the worker's engine loop; engine_worker.py its process entry point (run_worker)
+protocol.py         the messages (imports no engine: the web process reads it)
+transport.py        the transport interfaces: EngineClient (web side), WorkerTransport (worker side)
+redis_transport.py / memory_transport.py   their implementations: Redis streams, in-process broker
+connect.py          get_engine_client(redis_url) / worker_transport(...): picks one from the caller's URL
+engine_worker.py    EngineWorker, the engine loop serving one version over a WorkerTransport
+serving.py          ModelServer (a model's workers over their lifetime), follow_active_version
+embedded.py         embedded mode: a ModelServer per model inside the web process
+__main__.py         the worker process: python -m workers --model-path P --model M --redis-url U
 replies.py, metrics.py, heartbeat.py       batching of deltas, published metrics, liveness
-celery.py, tasks.py                        background jobs, registered by name
 """

@@ -1,4 +1,6 @@
-"""The engine loop of a worker: one thread owns the engine; requests arrive from a transport.
+"""``EngineWorker``: one model version served by an engine loop; requests arrive from a transport.
+
+One thread owns the engine (workers/serving.py decides which workers run and when they stop).
 
 Each iteration: apply aborts, admit new requests while there is room (blocking briefly on the
 queue only when the engine is idle, so an idle worker does not spin), run one engine step,
@@ -17,9 +19,7 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from typing import Protocol
 
 from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
@@ -30,6 +30,7 @@ from workers.metrics import WorkerMetrics
 from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER,
                               WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo)
 from workers.replies import InFlight
+from workers.transport import WorkerTransport
 
 logger = logging.getLogger(__name__)
 
@@ -38,33 +39,11 @@ STATS_INTERVAL_S = 0.2
 RECENT_ABORT_TTL_S = 120.0  # aborts for requests not read yet are remembered this long
 MAX_QUEUE_CREDIT_S = 300.0  # queueing time counted into latencies (bounds clock skew)
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams) if f.init)
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - {"model"}
-
-
-class WorkerTransport(Protocol):
-    """The worker side of a transport (redis_transport / memory_transport)."""
-
-    worker_id: str
-
-    def heartbeat(self, info: WorkerInfo) -> None: ...
-    def unregister(self) -> None: ...
-    def poll_aborts(self) -> list[str]: ...
-    def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
-                 timeout_s: float) -> list[GenerateRequest]: ...
-    def close(self) -> None: ...
-
-
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def engine_config(path: str, engine_settings: dict) -> EngineConfig:
     """Validated config; an unknown setting raises InvalidParameterError naming it."""
-    unknown = sorted(set(engine_settings) - _CONFIG_FIELDS)
-    if unknown:
-        raise InvalidParameterError(unknown[0],
-                                    f"unknown engine setting; known: {sorted(_CONFIG_FIELDS)}")
-    return EngineConfig(model=path, **engine_settings)
+    return EngineConfig.from_settings(path, engine_settings)
 
 
 def sampling_params(params: object) -> SamplingParams:
@@ -86,6 +65,8 @@ def error_info(exc: Exception) -> ErrorInfo:
 
 
 class EngineWorker:
+    """Serves one (model, version, path, settings) over a WorkerTransport until stopped."""
+
     def __init__(self, model: str, version: str, path: str, engine_settings: dict,
                  transport: WorkerTransport, *, drain_timeout: float = 30.0,
                  on_ready: Callable[[], None] | None = None):

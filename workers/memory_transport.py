@@ -189,7 +189,7 @@ class MemoryEngineClient(EngineClient):
 
 
 class MemoryWorkerTransport:
-    """The worker side, bound to one model and one worker id (see engine_loop.WorkerTransport)."""
+    """The worker side, bound to one model and one worker id (see transport.WorkerTransport)."""
 
     def __init__(self, broker: MemoryBroker, model: str, worker_id: str):
         self.broker = broker

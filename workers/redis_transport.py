@@ -153,7 +153,7 @@ class RedisEngineClient(EngineClient):
 
 
 class RedisWorkerTransport:
-    """The worker side for one model and one worker id (see engine_loop.WorkerTransport)."""
+    """The worker side for one model and one worker id (see transport.WorkerTransport)."""
 
     def __init__(self, url: str, model: str, worker_id: str):
         self.model = model

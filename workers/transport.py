@@ -1,12 +1,10 @@
-"""How the web process talks to engine workers: ``get_engine_client().generate(request)``.
+"""The two sides of a transport: ``EngineClient`` (the web process) and ``WorkerTransport`` (a worker).
 
-One client logic for both transports; each transport supplies the few primitives below
-(submit, read replies, heartbeats, abort). Distributed mode (REDIS_URL set) uses Redis streams
-(workers/redis_transport.py); embedded mode runs the worker loop in a thread of this process and
-an in-memory broker carries the same messages (workers/memory_transport.py).
-
-The web process imports this module without loading torch: the engine is imported only when an
-embedded worker is started.
+One client logic for every transport; each implementation supplies the few primitives below
+(submit, read replies, heartbeats, abort) and a worker side that the engine loop drives.
+Implementations live beside this file: redis_transport.py (Redis streams, distributed mode) and
+memory_transport.py (an in-process broker, embedded mode); workers/connect.py picks one from the
+configuration its caller passes in. This module imports neither of them, nor the engine.
 """
 
 from __future__ import annotations
@@ -14,9 +12,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import os
-import threading
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from workers.protocol import (INTERNAL_ERROR, NO_WORKER, WATCH_INTERVAL_S, WORKER_LOST, Chunk,
                               ErrorInfo, GenerateRequest, Reply, WorkerInfo)
@@ -27,6 +24,10 @@ logger = logging.getLogger(__name__)
 # WATCH_INTERVAL_S) before giving up. Two, so that a claim already on its way is not mistaken
 # for "nobody took it" when the only worker starts draining right after claiming.
 _NO_WORKER_STRIKES = 2
+
+
+class TransportUnreachable(Exception):
+    """A worker could not connect to its transport (Redis down, wrong URL)."""
 
 
 def _unreachable(exc: Exception) -> ErrorInfo:
@@ -147,53 +148,17 @@ class EngineClient(abc.ABC):
         """Release the reply channel; when unfinished, also withdraw the request if still queued."""
 
 
-_client: EngineClient | None = None
-_client_lock = threading.Lock()
+class WorkerTransport(Protocol):
+    """The worker side of a transport, bound to one model and one worker id; the engine loop
+    (workers/engine_worker.py) is its only caller, from the worker's own thread."""
 
+    worker_id: str
 
-def get_engine_client() -> EngineClient:
-    """The process-wide client: Redis streams when REDIS_URL is set, in-memory otherwise."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            url = os.environ.get("REDIS_URL")
-            if url:
-                from workers.redis_transport import RedisEngineClient
-                _client = RedisEngineClient(url)
-            else:
-                from workers.memory_transport import MemoryEngineClient, default_broker
-                _client = MemoryEngineClient(default_broker())
-        return _client
-
-
-def start_embedded_worker(model: str, version: str, path: str, engine_settings: dict) -> None:
-    """Embedded mode: run ``model``'s worker loop in a daemon thread of this process.
-
-    Idempotent for the same version; a new version starts loading at once and the old worker
-    drains once the new one is ready. Returns before the model is loaded (see
-    ``wait_for_embedded_worker``); bad engine settings raise InvalidParameterError here.
-    """
-    from workers import embedded  # imports the engine (torch): only in embedded mode
-    embedded.start(model, version, path, engine_settings)
-
-
-def wait_for_embedded_worker(model: str, timeout: float) -> bool:
-    """Block until the embedded worker of ``model`` is announced; False on timeout or failure."""
-    from workers import embedded
-    return embedded.wait_ready(model, timeout)
-
-
-def stop_embedded_worker(model: str, drain_timeout: float | None = None) -> bool:
-    """Embedded mode: ``model``'s workers stop taking requests and drain; returns at once.
-
-    False when this process runs no worker for ``model``. Running requests finish within
-    ``drain_timeout`` (default: the worker's own, 30 s).
-    """
-    from workers import embedded
-    return embedded.stop(model, drain_timeout)
-
-
-def stop_embedded_workers(drain_timeout: float = 30) -> None:
-    """Stop every embedded worker: no new requests, running ones finish within drain_timeout."""
-    from workers import embedded
-    embedded.stop_all(drain_timeout)
+    def heartbeat(self, info: WorkerInfo) -> None: ...
+    def unregister(self) -> None: ...
+    def poll_aborts(self) -> list[str]: ...
+    def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
+                 timeout_s: float) -> list[GenerateRequest]:
+        """Send ``replies``, then take up to ``max_count`` new requests, waiting up to
+        ``timeout_s`` for the first."""
+    def close(self) -> None: ...

@@ -19,7 +19,8 @@ from webapp.chat.models import Message
 from webapp.config.asgi import application
 from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
-from workers import transport
+from workers import embedded
+from workers.connect import get_engine_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,10 +31,10 @@ TIMEOUT = 30
 
 @pytest.fixture(scope="module")
 def chat_worker(tiny_llama_dir):
-    transport.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), ENGINE_SETTINGS)
-    assert transport.wait_for_embedded_worker(MODEL, timeout=90)
-    yield transport.get_engine_client()
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), ENGINE_SETTINGS)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=90)
+    yield get_engine_client(None)
+    embedded.stop_embedded_workers(drain_timeout=5)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from django.contrib.auth import get_user_model
 
 from webapp.console.selectors import percentile, worker_rows
 from webapp.registry.models import Model, ModelVersion
-from workers import transport
+from workers import embedded
+from workers.connect import get_engine_client
 
 MODEL = "tiny-console"
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
@@ -23,10 +24,10 @@ def staff_client(client, db):
 
 @pytest.fixture(scope="module")
 def worker(tiny_llama_dir):
-    transport.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), TINY_SETTINGS)
-    assert transport.wait_for_embedded_worker(MODEL, timeout=60)
+    embedded.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), TINY_SETTINGS)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=60)
     yield
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.stop_embedded_workers(drain_timeout=5)
 
 
 def test_workers_page_is_for_staff_only(client, db):
@@ -61,12 +62,12 @@ def test_workers_json_lists_the_live_worker_and_models_without_one(staff_client,
 
 def test_a_worker_that_stops_heartbeating_shows_as_lost(db, tiny_llama_dir):
     model = "tiny-lost"
-    transport.start_embedded_worker(model, "1", str(tiny_llama_dir), TINY_SETTINGS)
-    assert transport.wait_for_embedded_worker(model, timeout=60)
+    embedded.start_embedded_worker(model, "1", str(tiny_llama_dir), TINY_SETTINGS)
+    assert embedded.wait_for_embedded_worker(model, timeout=60)
     seen = [r for r in worker_rows() if r["model"] == model]
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.stop_embedded_workers(drain_timeout=5)
     deadline = time.monotonic() + 15
-    while transport.get_engine_client().live_workers(model) and time.monotonic() < deadline:
+    while get_engine_client(None).live_workers(model) and time.monotonic() < deadline:
         time.sleep(0.2)
 
     rows = [r for r in worker_rows() if r["model"] == model]

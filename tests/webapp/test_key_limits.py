@@ -17,7 +17,7 @@ from webapp.keys.models import ApiKey
 from webapp.keys.services import apikey_create
 from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
-from workers import transport
+from workers import embedded
 
 MODEL = "tiny-limits"
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
@@ -26,10 +26,10 @@ MINUTE = 1_700_000_040.0  # the start of a calendar minute (divisible by 60)
 
 @pytest.fixture(scope="module")
 def worker(tiny_llama_dir):
-    transport.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), TINY_SETTINGS)
-    assert transport.wait_for_embedded_worker(MODEL, timeout=60)
+    embedded.start_embedded_worker(MODEL, "1", str(tiny_llama_dir), TINY_SETTINGS)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=60)
     yield
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.stop_embedded_workers(drain_timeout=5)
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from webapp.monitoring.models import WorkerSnapshot
 from webapp.config.embedded_jobs import start_embedded_beat, stop_embedded_beat
 from webapp.monitoring.services import SNAPSHOT_FIELDS, snapshot_purge, snapshot_take
 from webapp.monitoring.tasks import snapshot_workers
-from workers import transport
+from workers import embedded
+from workers.connect import get_engine_client
 from workers.protocol import GenerateRequest
 
 MODEL = "tiny-snapshots"
@@ -26,10 +27,10 @@ TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
 
 @pytest.fixture(scope="module")
 def worker(tiny_llama_dir):
-    transport.start_embedded_worker(MODEL, "3", str(tiny_llama_dir), TINY_SETTINGS)
-    assert transport.wait_for_embedded_worker(MODEL, timeout=60)
+    embedded.start_embedded_worker(MODEL, "3", str(tiny_llama_dir), TINY_SETTINGS)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=60)
     yield
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.stop_embedded_workers(drain_timeout=5)
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def _generate(max_tokens: int) -> str:
                           {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
 
     async def run():
-        return [chunk async for chunk in transport.get_engine_client().generate(req)]
+        return [chunk async for chunk in get_engine_client(None).generate(req)]
 
     chunks = asyncio.run(run())
     assert chunks[-1].finished and chunks[-1].error is None, chunks[-1]
@@ -51,7 +52,7 @@ def _generate(max_tokens: int) -> str:
 
 
 def _live_figures() -> dict:
-    [info] = transport.get_engine_client().live_workers(MODEL)
+    [info] = get_engine_client(None).live_workers(MODEL)
     return {"worker_id": info.worker_id, **worker_figures(info.stats)}
 
 

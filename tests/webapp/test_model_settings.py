@@ -121,13 +121,13 @@ def test_converting_a_gguf_upload_is_refused_with_the_reason(staff_client, tmp_p
 @pytest.fixture
 def embedded(monkeypatch):
     """This process as the embedded-mode server; its workers are stopped afterwards."""
-    from workers import transport
+    from workers.embedded import stop_embedded_workers
     from workers.memory_transport import MemoryEngineClient, default_broker
 
     monkeypatch.setenv("PAGODA_EMBEDDED_WORKERS", "1")
     monkeypatch.delenv("REDIS_URL", raising=False)
     yield MemoryEngineClient(default_broker())
-    transport.stop_embedded_workers(drain_timeout=5)
+    stop_embedded_workers(drain_timeout=5)
 
 
 def wait_for(predicate, what: str, timeout: float = 90.0):

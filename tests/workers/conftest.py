@@ -3,7 +3,7 @@
 ``redis_server`` runs Debian's redis-server on a free loopback port without persistence.
 ``tiny_llama_dir`` is a 2-layer random Llama saved the Hugging Face way with the SmolLM2
 tokenizer (as in tests/engine/conftest.py), so text round-trips and a worker loads in seconds.
-``spawn_worker`` starts ``python -m workers.engine_worker`` processes and kills what is left
+``spawn_worker`` starts ``python -m workers`` processes and kills what is left
 of them at the end of the test.
 """
 
@@ -71,8 +71,8 @@ def wait_for_workers(redis_url: str, model: str, count: int, procs=()) -> list:
 
 def start_worker(redis_url: str, model_dir: Path, log_dir: Path, model: str,
                  **settings) -> WorkerProcess:
-    """``python -m workers.engine_worker`` for ``model``; not waited for (see wait_for_workers)."""
-    args = [sys.executable, "-m", "workers.engine_worker", "--model-path", str(model_dir),
+    """``python -m workers`` for ``model``; not waited for (see wait_for_workers)."""
+    args = [sys.executable, "-m", "workers", "--model-path", str(model_dir),
             "--model", model, "--redis-url", redis_url, "--version", "test"]
     for key, value in {**TINY_SETTINGS, **settings}.items():
         args += ["--setting", f"{key}={value}"]

@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from engine import SamplingParams
-from workers import transport
+from workers import embedded
+from workers.connect import get_engine_client
 from workers.memory_transport import MemoryEngineClient, default_broker
 from workers.protocol import GenerateRequest
 from workers.redis_transport import RedisEngineClient
@@ -35,10 +36,10 @@ def stats_when(client, predicate, timeout: float = 5.0) -> dict:
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir, tiny_settings):
-    transport.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
-    assert transport.wait_for_embedded_worker(MODEL, timeout=60)
+    embedded.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=60)
     yield MemoryEngineClient(default_broker())
-    transport.stop_embedded_workers(drain_timeout=5)
+    embedded.stop_embedded_workers(drain_timeout=5)
 
 
 @pytest.mark.asyncio
@@ -91,30 +92,14 @@ async def test_embedded_errors_name_the_parameter(client):
 def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_llama_dir, tiny_settings):
     before = [w.worker_id for w in client.live_workers(MODEL)]
 
-    transport.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
+    embedded.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), tiny_settings)
 
     assert [w.worker_id for w in client.live_workers(MODEL)] == before
 
 
-def test_metrics_snapshot_task_runs_eagerly_and_reports_the_embedded_worker(client, monkeypatch):
-    from workers.celery import make_app
+def test_engine_client_is_in_memory_without_a_redis_url_and_redis_with_one(redis_server):
+    assert isinstance(get_engine_client(None), MemoryEngineClient)
+    assert get_engine_client(None) is get_engine_client(None)
 
-    monkeypatch.setattr(transport, "_client", client)
-    app = make_app(None)
-
-    snapshot = app.tasks["workers.snapshot_worker_metrics"].delay(MODEL).get(timeout=5)
-
-    assert [(w["model"], w["version"]) for w in snapshot] == [(MODEL, "v1")]
-    assert snapshot[0]["stats"]["num_blocks"] == 64
-    assert snapshot[0]["stats"]["num_requests"] >= 1
-
-
-def test_engine_client_is_in_memory_without_redis_url_and_redis_with_it(monkeypatch, redis_server):
-    monkeypatch.setattr(transport, "_client", None)
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    assert isinstance(transport.get_engine_client(), MemoryEngineClient)
-    assert transport.get_engine_client() is transport.get_engine_client()
-
-    monkeypatch.setattr(transport, "_client", None)
-    monkeypatch.setenv("REDIS_URL", redis_server)
-    assert isinstance(transport.get_engine_client(), RedisEngineClient)
+    assert isinstance(get_engine_client(redis_server), RedisEngineClient)
+    assert get_engine_client(redis_server) is get_engine_client(redis_server)

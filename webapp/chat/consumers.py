@@ -18,13 +18,14 @@ from contextlib import aclosing
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from webapp.chat.selectors import message_to_dict
 from webapp.chat.services import ChatInputError, Turn, turn_finish, turn_prepare
 from webapp.config.shutdown import shutting_down, track
 from webapp.openai_api.services import Outcome
+from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER
-from workers.transport import get_engine_client
 
 logger = logging.getLogger(__name__)
 NOT_AUTHENTICATED = 4401  # close code the page reads as "log in again"
@@ -84,7 +85,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         first_at = None
         first_tokens = 0
         aborted = False
-        chunks = get_engine_client().generate(turn.engine_request())
+        chunks = get_engine_client(settings.REDIS_URL).generate(turn.engine_request())
         try:
             async with aclosing(chunks):
                 async for chunk in chunks:

@@ -13,5 +13,3 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.local")
 app = Celery("pagoda")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()  # each installed app's tasks.py
-# The workers package's jobs (metric snapshots, ...) are called by name from the webapp.
-app.conf.include = [*app.conf.include, "workers.tasks"]

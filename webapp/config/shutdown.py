@@ -85,7 +85,7 @@ async def drain(timeout_s: float) -> None:
     logger.info("shutting down: draining requests (up to %.1f s)", timeout_s)
     workers = None
     if "workers.embedded" in sys.modules:  # embedded mode; never import the engine just to stop
-        from workers.transport import stop_embedded_workers
+        from workers.embedded import stop_embedded_workers
 
         workers = asyncio.get_running_loop().run_in_executor(None, stop_embedded_workers, timeout_s)
     try:

@@ -1,6 +1,6 @@
 """Reads behind the console's workers page: one row per worker, live or lost, and uncovered models.
 
-Liveness comes from workers.transport (a worker is live while its heartbeat is fresh). A worker
+Liveness comes from the engine client (a worker is live while its heartbeat is fresh). A worker
 this web process saw before and no longer hears from is listed as "lost" for LOST_KEPT_S, so a
 crash shows on the page instead of a row silently disappearing. (Each web process remembers the
 workers it has seen itself.)
@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 import time
 
+from django.conf import settings
+
 from webapp.monitoring.figures import percentile, worker_figures
 from webapp.registry.selectors import modelversion_list_active
+from workers.connect import get_engine_client
 from workers.protocol import HEARTBEAT_INTERVAL_S, WorkerInfo
-from workers.transport import get_engine_client
 
 __all__ = ["percentile", "worker_rows", "models_without_worker"]  # percentile: re-exported
 
@@ -37,7 +39,7 @@ def _row(info: WorkerInfo, state: str, now: float) -> dict:
 def worker_rows(*, now: float | None = None) -> list[dict]:
     """Every live worker, then the recently lost ones, sorted by model."""
     now = time.time() if now is None else now
-    live = {info.worker_id: info for info in get_engine_client().live_workers()}
+    live = {info.worker_id: info for info in get_engine_client(settings.REDIS_URL).live_workers()}
     with _seen_lock:
         _seen.update(live)
         for worker_id in [w for w, info in _seen.items() if now - info.last_heartbeat > LOST_KEPT_S]:

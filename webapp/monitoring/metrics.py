@@ -109,9 +109,11 @@ class WorkerStatsCollector(Collector):
 
 
 def _live_workers() -> list[WorkerInfo]:
-    from workers.transport import get_engine_client
+    from django.conf import settings
 
-    return get_engine_client().live_workers()
+    from workers.connect import get_engine_client
+
+    return get_engine_client(settings.REDIS_URL).live_workers()
 
 
 REGISTRY.register(WorkerStatsCollector(_live_workers))

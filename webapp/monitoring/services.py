@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from webapp.monitoring.figures import worker_figures
 from webapp.monitoring.models import WorkerSnapshot
-from workers.transport import get_engine_client
+from workers.connect import get_engine_client
 
 SNAPSHOT_FIELDS = ("num_running", "num_waiting", "kv_cache_usage", "tokens_per_s", "ttft_p50", "ttft_p95",
                    "itl_p50", "itl_p95", "prefix_cache_hit_rate")
@@ -23,7 +23,7 @@ def snapshot_take(*, now: datetime | None = None) -> list[WorkerSnapshot]:
     here; no worker has to run a job for it."""
     taken_at = now or timezone.now()
     rows = []
-    for info in get_engine_client().live_workers():
+    for info in get_engine_client(settings.REDIS_URL).live_workers():
         figures = worker_figures(info.stats)
         rows.append(WorkerSnapshot(taken_at=taken_at, model_slug=info.model, version=info.version,
                                    worker_id=info.worker_id, **{f: figures[f] for f in SNAPSHOT_FIELDS}))

@@ -1,7 +1,7 @@
 """Running one completion request on the event loop: collect it, or stream it as SSE.
 
 The ORM work (authentication, validation, usage) runs through ``sync_to_async``; the engine is
-reached through workers.transport's EngineClient, whose iterator aborts the request in the
+reached through workers.connect's EngineClient, whose iterator aborts the request in the
 engine when it is closed early. Both paths close it on every way out (``aclosing``), so a client
 that goes away (Django cancels the view task, or closes the streaming iterator) aborts its
 generation and the usage record says "aborted".
@@ -22,6 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
@@ -31,8 +32,8 @@ from webapp.openai_api.responses import DONE, StreamFormatter, completion_body, 
 from webapp.openai_api.services import (Generation, Outcome, api_key_from_header, generation_admit,
                                         generation_finish, generation_prepare, new_request_id,
                                         request_refused)
+from workers.connect import get_engine_client
 from workers.protocol import Chunk
-from workers.transport import get_engine_client
 
 logger = logging.getLogger(__name__)
 TOO_BIG = object()  # marks a body over DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -98,7 +99,7 @@ async def respond(request: HttpRequest, endpoint: str) -> HttpResponse:
         return _internal_error(exc).response()
     outcome = Outcome()
     _running[request_id] = _Running(gen, outcome, asyncio.current_task())
-    chunks = get_engine_client().generate(gen.engine_request())
+    chunks = get_engine_client(settings.REDIS_URL).generate(gen.engine_request())
     response = await (_stream(gen, chunks, outcome) if gen.stream else _complete(gen, chunks, outcome))
     response["X-Request-Id"] = request_id
     return response
@@ -142,7 +143,7 @@ async def generations_drain(timeout_s: float) -> int:
         await asyncio.sleep(0.05)
     for entry in [e for e in _running.values() if not e.finishing]:
         try:
-            await get_engine_client().abort(entry.gen.model.slug, entry.gen.request_id)
+            await get_engine_client(settings.REDIS_URL).abort(entry.gen.model.slug, entry.gen.request_id)
         except Exception:
             logger.warning("could not abort request %s", entry.gen.request_id, exc_info=True)
         await _finish(entry.gen, entry.outcome, aborted=True)

@@ -2,7 +2,7 @@
 
 Called from RegistryConfig.ready(), where the database must not be queried yet (the app
 registry is still being populated), so a short-lived thread waits for ``apps.ready`` and then
-hands each active version to workers.transport.start_embedded_worker, which returns at once and
+hands each active version to workers.embedded.start_embedded_worker, which returns at once and
 loads the model in its own daemon thread.
 """
 
@@ -33,7 +33,7 @@ def sync_embedded_worker(slug: str) -> str | None:
     if not embedded_server():
         return None
     from webapp.registry.selectors import modelversion_get_active
-    from workers.transport import start_embedded_worker, stop_embedded_worker
+    from workers.embedded import start_embedded_worker, stop_embedded_worker
 
     version = modelversion_get_active(slug=slug)
     if version is None:
@@ -48,7 +48,7 @@ def sync_embedded_worker(slug: str) -> str | None:
 def start_embedded_workers() -> list[str]:
     """Start (idempotently) a worker per active version; returns the slugs started."""
     from webapp.registry.selectors import modelversion_list_active
-    from workers.transport import start_embedded_worker
+    from workers.embedded import start_embedded_worker
 
     started = []
     for version in modelversion_list_active():

@@ -1,6 +1,6 @@
 """python manage.py run_engine_worker --model SLUG — serve the model's active version over Redis.
 
-Distributed mode: workers.engine_worker.follow_active_version runs in this process until SIGTERM
+Distributed mode: workers.serving.follow_active_version runs in this process until SIGTERM
 (which drains). It asks the registry for the model's active version every --poll-interval
 seconds; when an activation (or a settings edit) changes it, the new version loads here while
 the old one keeps serving, then the old one finishes its running requests and stops. With no
@@ -43,7 +43,7 @@ class Command(BaseCommand):
         # a 20k-spin's 93/142).
         if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
             os.environ.update(OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT="200000")
-        from workers.engine_worker import ServeSpec, follow_active_version  # loads the engine (torch)
+        from workers.serving import ServeSpec, follow_active_version  # loads the engine (torch)
 
         def active():
             close_old_connections()  # a long-lived process: drop a connection the server closed
