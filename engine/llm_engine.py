@@ -1,4 +1,13 @@
-"""The step-level engine: add requests, step, read per-request deltas; abort at any time."""
+"""The step-level engine: add requests, step, read per-request deltas; abort at any time.
+
+One request never fails a step for the others. Its parameters are checked at admission, and
+``add_request`` stores nothing unless it succeeds. If a step still raises (building the batch,
+the forward pass, sampling, detokenizing), the step's sequences are re-run in halves until the
+failing ones are found; those alone finish with ``FinishReason.ERROR``, their blocks freed, and
+the rest keep the tokens the step computed for them. This costs nothing until a step raises,
+then about 2 * log2(batch) extra forward passes per failing request. When nothing of a step can
+run, a one-token probe tells whether the engine itself is broken (``is_healthy``).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +24,9 @@ from engine.errors import ContextLengthExceededError, InvalidParameterError, Req
 from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
 from engine.models.registry import resolve_model_path
-from engine.outputs import FinishReason, RequestMetrics, RequestOutput, TokenLogprob
+from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import load_tokenizer
 
@@ -71,6 +80,10 @@ class LLMEngine:
                                    policy=config.scheduling_policy)
         self._requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step()
+        # False once a minimal request failed to run on its own after a failed step; True again
+        # after the next step (or check_health) that runs. health_error says what failed.
+        self.is_healthy = True
+        self.health_error: str | None = None
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
 
@@ -78,13 +91,19 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, *, priority: int = 0,
                     arrival_time: float | None = None) -> int:
-        """Queue a request; returns its prompt length. Raises if it can never be served."""
+        """Queue a request; returns its prompt length. Raises if it can never be served.
+
+        Atomic: when it raises, nothing of the request remains in the engine.
+        """
+        if not isinstance(request_id, str):
+            raise InvalidParameterError("request_id", "must be a string")
         if request_id in self._requests:
             raise InvalidParameterError("request_id", f"{request_id!r} is already in use")
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidParameterError("params", "must be a SamplingParams")
-        if not isinstance(priority, int):
+        params.validate()  # again: a field may have been set after construction
+        if not isinstance(priority, int) or isinstance(priority, bool):
             raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
         prompt_ids = self.encode_prompt(prompt)
         vocab = self.model_config.vocab_size
@@ -95,9 +114,15 @@ class LLMEngine:
         detok = IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
-        self._requests[request_id] = _Request(seq, detok, RequestMetrics(seq.arrival_time), max_tokens)
-        self.runner.add_request(request_id, params.seed)
-        self.scheduler.add(seq)
+        self.runner.add_request(request_id, params.seed)  # the last step that may raise
+        try:
+            self._requests[request_id] = _Request(seq, detok, RequestMetrics(seq.arrival_time),
+                                                  max_tokens)
+            self.scheduler.add(seq)
+        except BaseException:
+            self._requests.pop(request_id, None)
+            self.runner.remove_request(request_id)
+            raise
         return len(prompt_ids)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -166,25 +191,111 @@ class LLMEngine:
             if entry.start < entry.seq.num_prompt_tokens:
                 self.num_prompt_tokens += min(entry.num_new_tokens,
                                               entry.seq.num_prompt_tokens - entry.start)
-        sampled = self.runner.execute(sched.scheduled)
+        try:
+            sampled = self.runner.execute(sched.scheduled)
+        except Exception:
+            logger.exception("a step of %d sequences failed; looking for the request(s) at fault",
+                             len(sched.scheduled))
+            sampled = self._isolate_failures(sched, outputs)
+        else:
+            if not self.is_healthy:
+                self._set_healthy()
         self.scheduler.update_after_step(sched)
         now = time.monotonic()
         for s in sampled:
-            seq = s.entry.seq
-            req = self._requests[seq.request_id]
-            seq.append_token(s.token_id)
-            self.num_generation_tokens += 1
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            stop_str = req.detokenizer.add_tokens([s.token_id])
-            reason, stop_reason = self._check_stop(req, s.token_id, stop_str)
-            logprobs = [s.logprob] if s.logprob is not None else None
-            if reason is not None:
-                outputs.append(self._finish(req, reason, stop_reason, [s.token_id], logprobs))
-            else:
-                outputs.append(self._output(req, req.detokenizer.get_delta(finished=False),
-                                            [s.token_id], logprobs, None, None))
+            req = self._requests[s.entry.seq.request_id]
+            try:
+                outputs.append(self._process_token(req, s.token_id, s.logprob, now))
+            except Exception:
+                logger.exception("request %s failed after its token was sampled; failing it alone",
+                                 req.seq.request_id)
+                outputs.append(self._fail(req))
         return outputs
+
+    def _process_token(self, req: _Request, token_id: int, logprob: TokenLogprob | None,
+                       now: float) -> RequestOutput:
+        req.seq.append_token(token_id)
+        self.num_generation_tokens += 1
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        stop_str = req.detokenizer.add_tokens([token_id])
+        reason, stop_reason = self._check_stop(req, token_id, stop_str)
+        logprobs = [logprob] if logprob is not None else None
+        if reason is not None:
+            return self._finish(req, reason, stop_reason, [token_id], logprobs)
+        return self._output(req, req.detokenizer.get_delta(finished=False), [token_id], logprobs,
+                            None, None)
+
+    # ----------------------------------------------------------------- isolation
+    def _isolate_failures(self, sched, outputs: list[RequestOutput]) -> list:
+        """After ``sched``'s step raised: fail the sequences that fail on their own, keep the
+        tokens of the others (``sched.scheduled`` is narrowed to those) and return them."""
+        entries = sched.scheduled
+        sampled, failed = self._bisect(entries) if len(entries) > 1 else ([], list(entries))
+        failed_ids = {id(e) for e in failed}
+        sched.scheduled = [e for e in entries if id(e) not in failed_ids]
+        for entry in failed:
+            outputs.append(self._fail(self._requests[entry.seq.request_id]))
+        if sched.scheduled:
+            self._set_healthy()
+        else:  # nothing of the step ran: is it these requests, or the engine?
+            self.check_health()
+        return sampled
+
+    def _bisect(self, entries: list[ScheduledSequence]):
+        """Run each half of ``entries`` (which fail together); recurse into a half that fails.
+        Returns (sampled tokens of the halves that ran, entries that fail alone)."""
+        mid = len(entries) // 2
+        sampled, failed = [], []
+        for part in (entries[:mid], entries[mid:]):
+            try:
+                sampled += self.runner.execute(part)
+            except Exception:
+                if len(part) > 1:
+                    part_sampled, part_failed = self._bisect(part)
+                    sampled += part_sampled
+                    failed += part_failed
+                else:
+                    logger.exception("request %s fails a step on its own; failing it alone",
+                                     part[0].seq.request_id)
+                    failed += part
+        return sampled, failed
+
+    def _fail(self, req: _Request) -> RequestOutput:
+        """Finish ``req`` with FinishReason.ERROR and free what it holds; touches nothing of its
+        state that may be what failed (the detokenizer, the sampler)."""
+        self.scheduler.remove(req.seq)
+        self.runner.remove_request(req.seq.request_id)
+        del self._requests[req.seq.request_id]
+        req.metrics.finished_time = time.monotonic()
+        out = self._output(req, "", [], None, FinishReason.ERROR, None)
+        out.error = REQUEST_FAILED
+        return out
+
+    def check_health(self) -> bool:
+        """Run a one-token greedy probe through the model and sampler; updates ``is_healthy``.
+
+        Call it from the thread that steps the engine. It needs one free KV block; without one
+        it changes nothing (the engine is busy, so it is running).
+        """
+        probe = Sequence("health-probe", [0], SamplingParams(temperature=0, max_tokens=1))
+        if not self.block_manager.allocate(probe, 1):
+            return self.is_healthy
+        try:
+            self.runner.execute([ScheduledSequence(probe, 1, 0)])
+        except Exception as exc:
+            logger.exception("the engine cannot run a minimal request: marking it unhealthy")
+            self.is_healthy, self.health_error = False, f"a minimal request fails: {type(exc).__name__}"
+        else:
+            self._set_healthy()
+        finally:
+            self.block_manager.free(probe)
+        return self.is_healthy
+
+    def _set_healthy(self) -> None:
+        if not self.is_healthy:
+            logger.warning("the engine runs steps again: marking it healthy")
+            self.is_healthy, self.health_error = True, None
 
     def _check_stop(self, req: _Request, token_id: int, stop_str: str | None):
         seq, params = req.seq, req.seq.params

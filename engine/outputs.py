@@ -9,6 +9,12 @@ class FinishReason:
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # the engine failed while running this request (see RequestOutput.error)
+
+
+# RequestOutput.error of a request the engine failed alone: safe to show a client (the
+# exception itself is logged by the engine, never put in an output).
+REQUEST_FAILED = "the engine failed while running this request"
 
 
 @dataclass
@@ -53,6 +59,7 @@ class RequestOutput:
     logprobs_delta: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     metrics: RequestMetrics | None = None
+    error: str | None = None  # set (REQUEST_FAILED) only with finish_reason FinishReason.ERROR
 
 
 @dataclass

@@ -1,13 +1,89 @@
-"""Per-request sampling parameters, validated on construction."""
+"""Per-request sampling parameters, validated on construction against published limits.
+
+Every field a caller sets has a range in ``SAMPLING_LIMITS``; ``SamplingParams`` refuses a
+value outside it with an ``InvalidParameterError`` naming the field, before the engine stores
+anything. The serving layer validates against the same table (it may be narrower, e.g.
+OpenAI's temperature 0..2, never wider).
+
+==================== ===================== ==============================================
+field                range                 why that bound
+==================== ===================== ==============================================
+max_tokens           1 .. 2**31-1 or None  also <= the context left after the prompt
+temperature          0 .. 100              0 (below 1e-5) is greedy
+top_k                -1 .. 2**31-1         -1 and 0 disable; above the vocabulary = off;
+                                           the bound keeps the batch's int64 tensor safe
+top_p                (0, 1]                1 disables
+min_p                0 .. 1                0 disables
+repetition_penalty   (0, 10]               1 disables
+presence_penalty     -2 .. 2               OpenAI's range
+frequency_penalty    -2 .. 2               OpenAI's range
+seed                 -2**63 .. 2**64-1     what ``torch.Generator.manual_seed`` accepts
+min_tokens           0 .. 2**31-1          and <= max_tokens
+logprobs             0 .. 20 or None       top alternatives per token; 0 = chosen only
+stop                 <= 16 strings,        each string's length in characters
+                     each <= 1024 chars
+stop_token_ids       <= 256 ids,           each also below the model's vocabulary size
+                     each 0 .. 2**31-1     (checked by the engine, which knows it)
+==================== ===================== ==============================================
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidParameterError
 
 _GREEDY_EPSILON = 1e-5
+MAX_INT32 = 2**31 - 1
 MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class Limit:
+    """Allowed values of one field: ``low <= x <= high`` (``low < x`` when ``low_exclusive``).
+
+    For a list field, ``max_items`` bounds its length and low/high bound each item (for
+    strings, each item's length in characters).
+    """
+
+    kind: type  # int or float (a float field also takes ints; never bools)
+    low: int | float
+    high: int | float
+    low_exclusive: bool = False
+    max_items: int | None = None
+
+    def allows(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int):
+            return False
+        if self.kind is float and not math.isfinite(value):
+            return False
+        above_low = value > self.low if self.low_exclusive else value >= self.low
+        return above_low and value <= self.high
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a number"
+        low = f"greater than {self.low}" if self.low_exclusive else f"at least {self.low}"
+        return f"{what} {low} and at most {self.high}"
+
+
+SAMPLING_LIMITS: dict[str, Limit] = {
+    "max_tokens": Limit(int, 1, MAX_INT32),
+    "temperature": Limit(float, 0.0, 100.0),
+    "top_k": Limit(int, -1, MAX_INT32),
+    "top_p": Limit(float, 0.0, 1.0, low_exclusive=True),
+    "min_p": Limit(float, 0.0, 1.0),
+    "repetition_penalty": Limit(float, 0.0, 10.0, low_exclusive=True),
+    "presence_penalty": Limit(float, -2.0, 2.0),
+    "frequency_penalty": Limit(float, -2.0, 2.0),
+    "seed": Limit(int, -2**63, 2**64 - 1),
+    "min_tokens": Limit(int, 0, MAX_INT32),
+    "logprobs": Limit(int, 0, MAX_LOGPROBS),
+    "stop": Limit(int, 0, 1024, max_items=16),
+    "stop_token_ids": Limit(int, 0, MAX_INT32, max_items=256),
+}
+_OPTIONAL = {"max_tokens", "seed", "logprobs"}  # None allowed
+_FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
 
 
 @dataclass
@@ -39,47 +115,35 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) and self.stop is not None:
+            raise InvalidParameterError("stop", "must be a string or a list of strings")
+        if not isinstance(self.stop_token_ids, (list, tuple)) and self.stop_token_ids is not None:
+            raise InvalidParameterError("stop_token_ids", "must be a list of token ids")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
-        self._validate()
+        self.validate()
         self.stop_strings = tuple(s for s in self.stop if s)
 
-    def _validate(self) -> None:
-        def check(ok: bool, param: str, message: str) -> None:
-            if not ok:
-                raise InvalidParameterError(param, message)
+    def validate(self) -> None:
+        """Raise ``InvalidParameterError`` naming the first field outside ``SAMPLING_LIMITS``.
 
-        check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-              "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
-        check(_is_number(self.temperature) and 0.0 <= self.temperature <= 100.0,
-              "temperature", f"must be between 0 and 100, got {self.temperature!r}")
-        check(isinstance(self.top_k, int) and self.top_k >= 0,
-              "top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
-        check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0,
-              "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        check(_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0,
-              "min_p", f"must be in [0, 1], got {self.min_p!r}")
-        check(_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
-              "repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
-        check(_is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
-              "presence_penalty", f"must be between -2 and 2, got {self.presence_penalty!r}")
-        check(_is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
-              "frequency_penalty", f"must be between -2 and 2, got {self.frequency_penalty!r}")
-        check(self.seed is None or isinstance(self.seed, int),
-              "seed", f"must be an integer, got {self.seed!r}")
-        check(all(isinstance(s, str) for s in self.stop),
-              "stop", "must be a string or a list of strings")
-        check(len(self.stop) <= 16, "stop", f"at most 16 stop strings, got {len(self.stop)}")
-        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-              "stop_token_ids", "must be a list of non-negative token ids")
-        check(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
-              "min_tokens", f"must be a non-negative integer, got {self.min_tokens!r}")
-        check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
-              "min_tokens", f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
-              "logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}")
+        Run on construction and again by the engine at admission (a caller may have changed a
+        field since); never per step.
+        """
+        for name, limit in SAMPLING_LIMITS.items():
+            value = getattr(self, name)
+            if limit.max_items is not None:
+                _check_list(name, value, limit)
+            elif not (value is None and name in _OPTIONAL) and not limit.allows(value):
+                raise InvalidParameterError(name, f"must be {limit.describe()}, got {_show(value)}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidParameterError(
+                "min_tokens", f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidParameterError(name, f"must be true or false, got {_show(getattr(self, name))}")
 
     @property
     def is_greedy(self) -> bool:
@@ -91,5 +155,23 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _check_list(name: str, items: object, limit: Limit) -> None:
+    if not isinstance(items, list):
+        raise InvalidParameterError(name, "must be a list")
+    if len(items) > limit.max_items:
+        raise InvalidParameterError(name, f"at most {limit.max_items} items, got {len(items)}")
+    for item in items:
+        if name == "stop":
+            if not isinstance(item, str):
+                raise InvalidParameterError(name, "must be a string or a list of strings")
+            if not limit.allows(len(item)):
+                raise InvalidParameterError(name, f"each string must be at most {limit.high} "
+                                                  f"characters, got {len(item)}")
+        elif not limit.allows(item):
+            raise InvalidParameterError(name, f"each item must be {limit.describe()}, got {_show(item)}")
+
+
+def _show(value: object) -> str:
+    """A short repr for messages: a 10**6-digit integer must not become a 1 MB error."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 256 else "a huge integer"
+    return text if len(text) <= 64 else text[:61] + "..."
