@@ -1,0 +1,80 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 blocks into the int4/int8 layouts, against gguf's own dequantize."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from engine.quantization.gguf import q4_to_int4, q8_0_to_int8
+from engine.quantization.int4 import Int4WeightOnlyLinear, dequantize_int4
+from engine.quantization.int8 import dequantize_int8, quantize_int8
+
+OUT, IN = 48, 128
+
+
+def _blocks(qtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw bytes as GGUFReader hands them, [OUT, bytes a row]; gguf's float32 dequantization)."""
+    weight = np.random.default_rng(seed).normal(0.01, 0.05, (OUT, IN)).astype(np.float32)
+    raw = quantize(weight, GGMLQuantizationType[qtype])
+    return raw, dequantize(raw, GGMLQuantizationType[qtype]).reshape(OUT, IN)
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_q4_blocks_dequantize_like_gguf_up_to_bf16_rounding_of_scale_and_zero(qtype):
+    raw, reference = _blocks(qtype)
+    codes, scales, zeros = q4_to_int4(raw, (OUT, IN), qtype)
+    ours = dequantize_int4(codes, scales, zeros, 32)
+    # exactly gguf's formula once d and m (+ 8 d) are rounded to bf16 as the kernel needs them
+    blocks = raw.reshape(OUT, IN // 32, -1)
+    d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+    if qtype == "Q4_1":  # d q + m = d (q - 8) + (m + 8 d)
+        z = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)) + 8 * d
+    else:  # d (q - 8)
+        z = torch.zeros_like(d)
+    q = codes.float().reshape(OUT, IN // 32, 32)
+    expected = ((q - 8) * _bf16(d)[..., None] + _bf16(z)[..., None]).reshape(OUT, IN)
+    assert torch.equal(ours, expected)
+    # and that is gguf's dequantization within bf16 rounding of each term
+    bound = 2 ** -8 * (8 * d.abs() + z.abs()).repeat_interleave(32, dim=1)
+    assert ((ours - torch.from_numpy(reference)).abs() <= bound + 1e-7).all()
+
+
+def test_q4_0_has_zero_zero_points():
+    raw, _ = _blocks("Q4_0")
+    assert not q4_to_int4(raw, (OUT, IN), "Q4_0")[2].any()
+
+
+def test_q4_1_module_from_blocks_matches_gguf_product():
+    raw, reference = _blocks("Q4_1", seed=3)
+    module = Int4WeightOnlyLinear(*q4_to_int4(torch.from_numpy(raw), (OUT, IN), "Q4_1"), 32)
+    x = torch.randn(3, IN)
+    expected = x @ torch.from_numpy(reference).t()
+    torch.testing.assert_close(module(x), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
+
+
+def test_q8_0_to_per_channel_int8_error_is_bounded_and_measured():
+    raw, reference = _blocks("Q8_0")
+    q, scales = q8_0_to_int8(raw, (OUT, IN))
+    reference = torch.from_numpy(reference)
+    error = dequantize_int8(q, scales) - reference
+    # re-rounding onto the row's largest block scale costs at most half a step of it
+    assert (error.abs() <= 0.5 * scales[:, None] + 1e-7).all()
+    # about as good as quantizing the Q8_0 weight per row from scratch (the kernel's own limit)
+    direct = dequantize_int8(*quantize_int8(reference)) - reference
+    assert error.pow(2).mean() <= 1.05 * direct.pow(2).mean()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda raw: q4_to_int4(raw, (OUT, IN + 32), "Q4_1"), "needs"),
+    (lambda raw: q4_to_int4(raw, (OUT, 100), "Q4_1"), "multiple of 32"),
+    (lambda raw: q4_to_int4(raw, (OUT, IN), "Q5_0"), "Q4_0 or Q4_1"),
+])
+def test_block_import_refuses_mismatched_shapes_and_types(call, message):
+    raw, _ = _blocks("Q4_1")
+    with pytest.raises(ValueError, match=message):
+        call(raw)
