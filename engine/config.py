@@ -1,54 +1,138 @@
-"""The engine's one configuration object, validated on construction (no I/O here)."""
+"""The engine's one configuration object and the schema of its user-settable fields.
+
+``SETTINGS`` describes every field a user may set (name, type, default, choices or range,
+help); the webapp, the console form, the CLI and the worker read it rather than copy it.
+Imports no torch (a test checks it), so the web process may import this module.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidParameterError
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkpoint converts to
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB
 
 
-@dataclass
+@dataclass(frozen=True)
+class Setting:
+    """One user-settable EngineConfig field: what values it takes and what it means."""
+
+    name: str
+    type: type  # bool, int, float or str; an int is accepted for a float
+    default: object
+    help: str
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # the value must be greater than ``minimum``
+    pattern: str | None = None  # a full-match regex for str values, beside ``choices``
+
+    @property
+    def nullable(self) -> bool:
+        return self.default is None
+
+    def expected(self) -> str:
+        """What the value must be, in words: 'one of 8, 16, ...', 'an integer >= 1', ..."""
+        if self.choices:
+            text = "one of " + ", ".join(map(str, self.choices))
+            if self.pattern:
+                text += f" (or matching {self.pattern})"
+        elif self.type is bool:
+            text = "true or false"
+        else:
+            text = {int: "an integer", float: "a number", str: "a string"}[self.type]
+            if self.minimum is not None:
+                text += f" {'>' if self.exclusive_minimum else '>='} {self.minimum:g}"
+            if self.maximum is not None:
+                text += f" and <= {self.maximum:g}" if self.minimum is not None else f" <= {self.maximum:g}"
+        return text + (" or null" if self.nullable else "")
+
+    def is_valid(self, value: object) -> bool:
+        if value is None:
+            return self.nullable
+        if self.type is float:
+            ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif self.type is int:
+            ok_type = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok_type = isinstance(value, self.type)
+        if not ok_type:
+            return False
+        if self.choices or self.pattern:
+            return value in self.choices or bool(
+                self.pattern and isinstance(value, str) and re.fullmatch(self.pattern, value))
+        if self.minimum is not None and (value <= self.minimum if self.exclusive_minimum
+                                         else value < self.minimum):
+            return False
+        return self.maximum is None or value <= self.maximum
+
+    def check(self, value: object) -> None:
+        """InvalidParameterError naming this setting when ``value`` is not one it takes."""
+        if not self.is_valid(value):
+            raise InvalidParameterError(self.name, f"must be {self.expected()}, got {value!r}")
+
+
+def _setting(default, help: str, type: type = int, **rules):
+    """A dataclass field carrying its Setting (named when SETTINGS is built below)."""
+    return field(default=default, metadata={"setting": dict(type=type, default=default, help=help, **rules)})
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str  # a Hugging Face directory, a .gguf file, or "smollm2" for the bundled model
-    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
-    device: str = "auto"  # "cuda" when available, else "cpu"
-    block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes for the KV pool; default 1 GiB on CPU
-    gpu_memory_utilization: float = 0.90  # on CUDA, when kv_cache_memory is not set
-    num_kv_blocks: int | None = None  # overrides the memory budget (tests force small pools)
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # default: the model's own context length
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"
-    seed: int = 0
-    enforce_eager: bool = False  # no CUDA graphs
-    use_triton: bool | None = None  # None: Triton kernels on CUDA, PyTorch on CPU
+    dtype: str = _setting("auto", "activation and weight dtype; auto: float32 on CPU, bfloat16 on CUDA",
+                          str, choices=DTYPES)
+    device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N", str,
+                           choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")
+    block_size: int = _setting(16, "tokens per KV cache block", choices=BLOCK_SIZES)
+    kv_cache_memory: int | None = _setting(None, "size of the KV pool in bytes; default 1 GiB on CPU", minimum=1)
+    gpu_memory_utilization: float = _setting(
+        0.90, "fraction of GPU memory to use, when kv_cache_memory is not set", float,
+        minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    num_kv_blocks: int | None = _setting(None, "KV blocks in the pool; overrides the memory budget",
+                                         minimum=1)
+    max_num_seqs: int = _setting(128, "most sequences running at once", minimum=1)
+    max_num_batched_tokens: int = _setting(2048, "most tokens in one step", minimum=1)
+    max_model_len: int | None = _setting(None, "context length in tokens; default: the model's own",
+                                         minimum=1)
+    enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of a shared prompt prefix", bool)
+    scheduling_policy: str = _setting("fcfs", "fcfs, or priority (lower priority value first)", str,
+                                      choices=SCHEDULING_POLICIES)
+    seed: int = _setting(0, "seed of the random weights of a test model")
+    enforce_eager: bool = _setting(False, "no CUDA graphs", bool)
+    use_triton: bool | None = _setting(None, "Triton kernels; default: on CUDA yes, on CPU no", bool)
 
     def __post_init__(self) -> None:
-        def check(ok: bool, param: str, message: str) -> None:
-            if not ok:
-                raise InvalidParameterError(param, message)
+        if not (isinstance(self.model, str) and self.model):
+            raise InvalidParameterError("model", "must name a model")
+        for setting in SETTINGS:
+            setting.check(getattr(self, setting.name))
 
-        check(isinstance(self.model, str) and bool(self.model), "model", "must name a model")
-        check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-              "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
-        check(isinstance(self.block_size, int) and self.block_size in (8, 16, 32, 64, 128),
-              "block_size", f"must be one of 8, 16, 32, 64, 128, got {self.block_size!r}")
-        check(self.kv_cache_memory is None or self.kv_cache_memory > 0,
-              "kv_cache_memory", "must be a positive number of bytes")
-        check(0.0 < self.gpu_memory_utilization <= 1.0,
-              "gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-              "num_kv_blocks", "must be at least 1")
-        check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
-        check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
-        check(self.max_model_len is None or self.max_model_len >= 1,
-              "max_model_len", "must be at least 1")
-        check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
-              f"must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+    @classmethod
+    def from_settings(cls, model: str, settings: dict) -> EngineConfig:
+        """The config for ``model`` with ``settings``; an unknown key raises InvalidParameterError
+        naming it and listing the known ones."""
+        unknown = sorted(set(settings) - SETTINGS_BY_NAME.keys())
+        if unknown:
+            raise InvalidParameterError(unknown[0], f"unknown engine setting; known: {', '.join(SETTINGS_BY_NAME)}")
+        return cls(model=model, **settings)
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(name=f.name, **f.metadata["setting"]) for f in fields(EngineConfig) if "setting" in f.metadata)
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def check_settings(settings: object) -> dict:
+    """A key-sorted copy of ``settings`` when every key is known and every value valid;
+    InvalidParameterError naming the first bad key otherwise (no model is needed)."""
+    if not isinstance(settings, dict):
+        raise InvalidParameterError("engine_settings", "must be an object of engine settings")
+    EngineConfig.from_settings("unchecked", settings)
+    return dict(sorted(settings.items()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 
@@ -13,15 +12,9 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import apply_chat_template
 
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
-
-
 class LLM:
     def __init__(self, model: str, *, progress: Callable[[int, int], None] | None = None, **config):
-        unknown = sorted(set(config) - _CONFIG_FIELDS)
-        if unknown:
-            raise InvalidParameterError(unknown[0], f"unknown engine setting; known: {sorted(_CONFIG_FIELDS)}")
-        self.engine = LLMEngine(EngineConfig(model=model, **config), progress=progress)
+        self.engine = LLMEngine(EngineConfig.from_settings(model, config), progress=progress)
         self._ids = itertools.count()
 
     @property

@@ -42,10 +42,15 @@ def plant_tree(root: Path, extra_lines: dict[str, str]) -> None:
     modules = {
         "engine/__init__.py": "",
         "engine/core.py": "import torch\nimport numpy\n",
+        "engine/errors.py": "",
+        "engine/config.py": "from engine import errors\n",
+        "engine/bundled.py": "from engine import errors\n",
         "workers/__init__.py": "",
         "workers/engine_worker.py": "from engine import core\nimport redis\n",
         "webapp/__init__.py": "",
         "webapp/views.py": "import django\nfrom workers import engine_worker\n",
+        "webapp/engine_settings.py": ("from engine.config import SETTINGS\nfrom engine.bundled import BUNDLED_MODELS\n"
+                                      "from engine.errors import InvalidParameterError\n"),
     }
     for path, code in {**modules, **extra_lines}.items():
         target = root / path
@@ -59,7 +64,7 @@ def test_repository_keeps_its_import_contracts():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_allowed_flows_pass_including_webapp_reaching_engine_through_workers(tmp_path):
+def test_allowed_flows_pass_including_webapp_reaching_engine_through_workers_and_its_schema(tmp_path):
     plant_tree(tmp_path, {})
 
     result = lint(tmp_path)
@@ -80,6 +85,7 @@ def test_allowed_flows_pass_including_webapp_reaching_engine_through_workers(tmp
         ("workers/engine_worker.py", "from webapp import views\n", "workers-do-not-import-webapp"),
         ("webapp/views.py", "import torch\n", "webapp-does-not-load-models"),
         ("webapp/views.py", "from engine.core import torch\n", "webapp-does-not-load-models"),
+        ("webapp/engine_settings.py", "import engine.core\n", "webapp-does-not-load-models"),
     ],
 )
 def test_forbidden_import_breaks_its_contract(tmp_path, module, line, contract_id):
@@ -89,3 +95,13 @@ def test_forbidden_import_breaks_its_contract(tmp_path, module, line, contract_i
 
     assert result.returncode != 0
     assert f"{contract_name(contract_id)} BROKEN" in " ".join(result.stdout.split())
+
+
+def test_the_schema_modules_the_webapp_may_import_load_no_torch():
+    code = ("import sys, engine.config, engine.bundled, engine.errors; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=120)
+
+    assert result.returncode == 0, result.stderr

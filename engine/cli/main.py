@@ -7,31 +7,39 @@ import logging
 import sys
 
 from engine.cli import bench, chat, generate
+from engine.config import SETTINGS
 from engine.errors import EngineError
 
 COMMANDS = {"generate": generate, "chat": chat, "bench": bench}
 
 
+# Settings whose flag is not just --name-with-dashes: the sub-commands' own --seed is the
+# sampling seed, the KV budget is given in MiB.
+FLAGS = {"seed": "--engine-seed", "enable_prefix_caching": "--prefix-caching",
+         "kv_cache_memory": "--kv-cache-memory-mib"}
+SCALES = {"kv_cache_memory": 2**20}
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One option per engine setting (engine.config.SETTINGS); unset ones keep the engine's default."""
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default="smollm2",
                    help="a Hugging Face directory, a .gguf file, or 'smollm2' (the bundled model)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    g.add_argument("--device", default="auto")
-    g.add_argument("--max-model-len", type=int)
-    g.add_argument("--max-num-seqs", type=int, default=128)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--kv-cache-memory-mib", type=int, help="KV pool size (default 1024 on CPU)")
-    g.add_argument("--no-prefix-caching", action="store_true")
+    for s in SETTINGS:
+        flag = FLAGS.get(s.name, "--" + s.name.replace("_", "-"))
+        if s.type is bool:
+            g.add_argument(flag, dest=s.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{s.help} (default: {s.default})")
+            continue
+        note = " (given here in MiB)" if s.name in SCALES else "" if s.nullable else f" (default: {s.default})"
+        g.add_argument(flag, dest=s.name, type=s.type, default=None,
+                       choices=s.choices if s.choices and not s.pattern else None, help=s.help + note)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_prefix_caching=not args.no_prefix_caching)
-    if args.kv_cache_memory_mib:
-        kwargs["kv_cache_memory"] = args.kv_cache_memory_mib * 2**20
-    return kwargs
+    """The settings given on the command line, in EngineConfig's units."""
+    return {s.name: getattr(args, s.name) * SCALES.get(s.name, 1) for s in SETTINGS
+            if getattr(args, s.name) is not None}
 
 
 def load_llm(args: argparse.Namespace):

