@@ -194,7 +194,7 @@ async def test_a_server_shutting_down_refuses_new_turns_and_records_the_cut_answ
     await ws.send_json_to(turn(content="And another one"))
     refused = await receive_until(ws, "error")
 
-    cut = await shutdown._drain_tracked(0.3)  # what the server's drain does with chat turns
+    cut = await shutdown.drain_running(0.3)  # what the server's drain does with chat turns
     done = (await receive_until(ws, "done", "error"))[-1]
     await ws.disconnect()
 

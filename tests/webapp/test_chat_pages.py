@@ -15,7 +15,7 @@ from django.test import Client
 from engine.tokenizer import apply_chat_template
 from webapp.chat.models import Conversation, Message
 from webapp.chat.services import ChatInputError, turn_finish, turn_prepare
-from webapp.openai_api.services import Outcome
+from webapp.usage.outcome import Outcome
 from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
 from workers.protocol import Chunk

@@ -10,6 +10,7 @@ from engine.tokenizer import apply_chat_template
 from webapp.keys.services import apikey_create
 from webapp.openai_api.errors import OpenAIError
 from webapp.openai_api.services import CHAT, COMPLETIONS, generation_prepare
+from webapp.openai_api.views import ChatCompletionCreateApi, CompletionCreateApi
 from webapp.registry.models import Model, ModelVersion
 
 pytestmark = pytest.mark.django_db
@@ -25,8 +26,12 @@ def api_key(smollm2_tokenizer_dir, tmp_path):
 
 
 def prepare(api_key, endpoint, data):
-    return generation_prepare(request_id="r1", endpoint=endpoint, api_key=api_key, data=data,
-                              started=time.monotonic())
+    """What the endpoint's view does: its InputSerializer validates the body, then the service prepares it."""
+    view = ChatCompletionCreateApi if endpoint == CHAT else CompletionCreateApi
+    serializer = view.InputSerializer(data=data)
+    serializer.is_valid(raise_exception=True)
+    return generation_prepare(request_id="r1", endpoint=endpoint, api_key=api_key,
+                              values=serializer.validated_data, started=time.monotonic())
 
 
 def test_chat_request_maps_onto_engine_sampling_params(api_key, smollm2_hf_tokenizer):

@@ -23,7 +23,7 @@ from django.conf import settings
 from webapp.chat.selectors import message_to_dict
 from webapp.chat.services import ChatInputError, Turn, turn_finish, turn_prepare
 from webapp.config.shutdown import shutting_down, track
-from webapp.openai_api.services import Outcome
+from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER
 
@@ -78,7 +78,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                               "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
                               "user_message": message_to_dict(turn.user_message)})
         # Tracked: a server shutting down waits for the answer (or records it as aborted).
-        self.task = track(asyncio.create_task(self._generate(turn)))
+        self.task = asyncio.create_task(self._generate(turn))
+        track(turn.request_id, self.task, until_done=True)
 
     async def _generate(self, turn: Turn) -> None:
         outcome = Outcome()

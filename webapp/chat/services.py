@@ -1,13 +1,13 @@
 """Writes of conversations, and one chat turn: the history becomes an engine request, its outcome a message.
 
 Synchronous (ORM); the consumer calls these through ``database_sync_to_async``. Tokenizing goes
-through registry.tokenizers (the model's own chat template), usage through usage.services, and the
-chunks are summed by openai_api.services.Outcome, exactly as for the OpenAI-compatible API.
+through registry.tokenizers (the model's own chat template); the chunks are summed by
+usage.outcome.Outcome and recorded by usage.services.usage_record_finish, exactly as for the
+OpenAI-compatible API.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -15,13 +15,12 @@ from django.db import transaction
 
 from webapp.chat.models import Conversation, Message
 from webapp.chat.selectors import conversation_get
-from webapp.monitoring.metrics import observe_api_request
-from webapp.openai_api.services import Outcome
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active, modelversion_served
+from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
 from webapp.usage.models import UsageRecord
-from webapp.usage.services import usage_record_create
+from webapp.usage.outcome import Outcome
+from webapp.usage.services import usage_record_finish
 from workers.protocol import GenerateRequest
 
 TITLE_LENGTH = 60
@@ -169,31 +168,15 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
     """Save the answer (a stopped one keeps what had arrived) and its usage record."""
-    if aborted or outcome.finish_reason == "abort":
-        status, finish_reason = UsageRecord.Status.ABORTED, "abort"
-    elif outcome.error is not None or not outcome.finished:
-        status, finish_reason = UsageRecord.Status.ERROR, ""
-    else:
-        status, finish_reason = UsageRecord.Status.OK, outcome.finish_reason or ""
-    error_code = outcome.error.code if outcome.error is not None else None
-    prompt_tokens = outcome.num_prompt_tokens
-    if prompt_tokens is None:
-        prompt_tokens = 0 if error_code else len(turn.prompt_token_ids)
-    latency = time.monotonic() - turn.started
-    message = None
     with transaction.atomic():
-        if outcome.text or status == UsageRecord.Status.OK:
-            message = Message.objects.create(
-                conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
-                model_name=turn.model.slug, prompt_tokens=prompt_tokens, completion_tokens=outcome.num_output_tokens,
-                cached_prompt_tokens=outcome.num_cached_tokens, finish_reason=finish_reason)
-        usage_record_create(
-            request_id=turn.request_id, endpoint=ENDPOINT, status=status, latency=latency, user=turn.user,
-            model=turn.model, version=modelversion_served(admitted=turn.version, served_label=outcome.served_version),
-            model_name=turn.model.slug, prompt_tokens=prompt_tokens,
-            completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
-            time_to_first_token=outcome.time_to_first_token, finish_reason=finish_reason or None,
-            error_code=error_code)
-    observe_api_request(model=turn.model.slug, endpoint=ENDPOINT, status=status, latency=latency,
-                        time_to_first_token=outcome.time_to_first_token)
-    return message
+        record = usage_record_finish(
+            request_id=turn.request_id, endpoint=ENDPOINT, started=turn.started, outcome=outcome, model=turn.model,
+            version=turn.version, num_prompt_tokens=len(turn.prompt_token_ids), user=turn.user, aborted=aborted)
+        if not outcome.text and record.status != UsageRecord.Status.OK:
+            return None
+        finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
+            record.status, record.finish_reason)
+        return Message.objects.create(
+            conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
+            model_name=turn.model.slug, prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
+            cached_prompt_tokens=record.cached_prompt_tokens, finish_reason=finish_reason)

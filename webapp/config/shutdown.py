@@ -8,15 +8,13 @@ exit under requests still streaming and their usage records would never be writt
 
 Our trigger, registered when the ASGI application is imported (before Daphne registers its own):
 
-1. the API refuses new requests (503 server_shutting_down);
+1. ``shutting_down()``: the API refuses new requests (503 server_shutting_down), the chat new turns;
 2. embedded mode: the workers in this process drain as a worker process does on SIGTERM, so
    running requests finish within PAGODA_DRAIN_TIMEOUT and the rest end with worker_lost;
-3. the requests still running after the drain timeout are cancelled and recorded as aborted
-   (webapp.openai_api.generation.generations_drain), so that every accepted request has its
-   usage record before the process exits;
-4. the same for other work registered with ``track`` (the chat page's generations): new turns
-   are refused while ``shutting_down()``, running ones get the drain timeout, then are
-   cancelled, which records them as aborted.
+3. the generations still running after the drain timeout (API requests and chat turns alike,
+   all listed here with ``track``) are cancelled, which records them as aborted; one that does
+   not record itself within CANCEL_GRACE_S is ended from here by its ``cut``, so that every
+   accepted request has its usage record before the process exits.
 """
 
 from __future__ import annotations
@@ -24,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -31,32 +31,67 @@ logger = logging.getLogger(__name__)
 
 # Embedded workers answer every request within the drain timeout; this covers the last replies.
 WORKER_GRACE_S = 5.0
+CANCEL_GRACE_S = 5.0  # after cancelling a generation's task, how long it gets to record its usage
 _registered = False
 _shutting_down = False
-_tracked: set[asyncio.Task] = set()
+
+
+@dataclass
+class Running:
+    """A generation whose usage is not recorded yet, and the task now running it."""
+
+    task: asyncio.Task | None
+    cut: Callable[[], Awaitable[None]] | None = None  # aborts and records it when cancelling did not
+    finishing: bool = False  # its usage record is being written: not cancelled, not cut
+
+
+_running: dict[str, Running] = {}  # request id -> entry; only touched on the event loop
 
 
 def shutting_down() -> bool:
     return _shutting_down
 
 
-def track(task: asyncio.Task) -> asyncio.Task:
-    """Have the server wait for ``task`` when it shuts down (cancelling it after the drain timeout)."""
-    _tracked.add(task)
-    task.add_done_callback(_tracked.discard)
-    return task
+def track(request_id: str, task: asyncio.Task | None, *, cut: Callable[[], Awaitable[None]] | None = None,
+          until_done: bool = False) -> Running:
+    """List a generation for the drain until ``untrack`` (or, ``until_done``, until ``task`` ends)."""
+    entry = _running[request_id] = Running(task, cut)
+    if until_done and task is not None:
+        task.add_done_callback(lambda _: untrack(request_id, entry))
+    return entry
 
 
-async def _drain_tracked(timeout_s: float) -> int:
-    """Wait up to ``timeout_s`` for the tracked tasks, then cancel the rest and let them record
-    themselves (CANCEL_GRACE_S); returns how many were cancelled."""
-    if _tracked:
-        await asyncio.wait(set(_tracked), timeout=timeout_s)
-    cut = [task for task in _tracked if not task.done()]
-    for task in cut:
-        task.cancel()
+def tracked(request_id: str) -> Running | None:
+    return _running.get(request_id)
+
+
+def untrack(request_id: str, entry: Running | None = None) -> None:
+    if entry is None or _running.get(request_id) is entry:
+        _running.pop(request_id, None)
+
+
+async def _wait_until_none_running(timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while _running and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def drain_running(timeout_s: float) -> int:
+    """Give the running generations ``timeout_s`` to end, then cancel the rest: cancelling makes
+    one record its own usage as a client going away does; one that does not within CANCEL_GRACE_S
+    (a stream cancelled between two events leaves its iterator suspended) is ended by its ``cut``.
+    Returns how many were cut."""
+    await _wait_until_none_running(timeout_s)
+    cut = list(_running.values())
     if cut:
-        await asyncio.wait(cut, timeout=WORKER_GRACE_S)
+        logger.warning("shutting down: aborting %d requests still running after %.1f s", len(cut), timeout_s)
+    for entry in cut:
+        if entry.task is not None and not entry.task.done() and not entry.finishing:
+            entry.task.cancel()
+    await _wait_until_none_running(CANCEL_GRACE_S)
+    for entry in [e for e in _running.values() if not e.finishing and e.cut is not None]:
+        await entry.cut()
     return len(cut)
 
 
@@ -78,8 +113,6 @@ def _drain_deferred():
 
 
 async def drain(timeout_s: float) -> None:
-    from webapp.openai_api.generation import generations_drain
-
     global _shutting_down
     _shutting_down = True
     logger.info("shutting down: draining requests (up to %.1f s)", timeout_s)
@@ -90,8 +123,7 @@ async def drain(timeout_s: float) -> None:
         workers = asyncio.get_running_loop().run_in_executor(None, stop_embedded_workers, timeout_s)
     try:
         grace = timeout_s + (WORKER_GRACE_S if workers is not None else 0.0)
-        cut, cut_tracked = await asyncio.gather(generations_drain(grace), _drain_tracked(grace))
-        cut += cut_tracked
+        cut = await drain_running(grace)
         if workers is not None:
             await workers
     except Exception:  # the server is stopping either way

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.http import JsonResponse
+from rest_framework.exceptions import ValidationError
 
 from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER, NO_WORKER,
                               WORKER_LOST, ErrorInfo)
 
 INVALID_REQUEST = "invalid_request_error"
+logger = logging.getLogger(__name__)
 
 
 class OpenAIError(Exception):
@@ -33,6 +37,40 @@ def invalid_api_key(message: str = "Incorrect API key provided.") -> OpenAIError
 
 def invalid_parameter(param: str | None, message: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="invalid_parameter")
+
+
+def from_validation_error(exc: ValidationError) -> OpenAIError:
+    """An InputSerializer's refusal: 400 invalid_parameter naming the first bad parameter."""
+    param, message = first_error(exc.detail)
+    return invalid_parameter(param, f"Invalid value for {param!r}: {message}" if param else message)
+
+
+def first_error(detail, prefix: str = "") -> tuple[str | None, str]:
+    """The first problem in a DRF error detail as (param path like "messages[1].content", message)."""
+    if isinstance(detail, dict):
+        key, value = next(iter(detail.items()))
+        if key == "non_field_errors":
+            return first_error(value, prefix)
+        if isinstance(key, int):  # a list serializer's errors, by item index
+            return first_error(value, f"{prefix}[{key}]")
+        return first_error(value, f"{prefix}.{key}" if prefix else str(key))
+    if isinstance(detail, list):
+        for index, item in enumerate(detail):
+            if item:  # many=True lists hold {} for the valid items
+                return first_error(item, f"{prefix}[{index}]" if isinstance(item, (dict, list)) else prefix)
+    return prefix or None, str(detail)
+
+
+def internal_error(exc: BaseException) -> OpenAIError:
+    """A failure of ours: logged with its traceback, the client only learns that it happened."""
+    logger.exception("generation failed", exc_info=exc)
+    return OpenAIError(500, "The server had an error while processing your request.", type="server_error",
+                       code="internal_error")
+
+
+def server_shutting_down() -> OpenAIError:
+    return OpenAIError(503, "The server is shutting down; try again shortly.", type="server_error",
+                       code="server_shutting_down")
 
 
 def model_not_found(name: str) -> OpenAIError:

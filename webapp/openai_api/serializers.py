@@ -1,4 +1,5 @@
-"""Validation of the request bodies of /v1/chat/completions and /v1/completions.
+"""The fields and parameters both completion endpoints validate; each API view's own InputSerializer
+(webapp/openai_api/views.py) adds what is particular to it.
 
 Ranges follow OpenAI's API (e.g. temperature 0..2) so that a request that passes here means what
 it means there; the engine re-validates the sampling parameters it receives.
@@ -95,6 +96,8 @@ class StreamOptionsSerializer(serializers.Serializer):
 class SamplingInputSerializer(serializers.Serializer):
     """The parameters both endpoints share."""
 
+    default_error_messages = {"invalid": "The request body must be a JSON object."}
+
     model = serializers.CharField()
     max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     temperature = serializers.FloatField(min_value=0, max_value=2, required=False, allow_null=True)
@@ -153,37 +156,3 @@ class ChatMessageSerializer(serializers.Serializer):
         if attrs.get("content") is None and attrs["role"] != "assistant":
             raise serializers.ValidationError({"content": "is required"})
         return attrs
-
-
-class ChatCompletionInputSerializer(SamplingInputSerializer):
-    messages = ChatMessageSerializer(many=True, allow_empty=False)
-    max_completion_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    logprobs = serializers.BooleanField(required=False, allow_null=True)
-    top_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False, allow_null=True)
-
-    def validate(self, attrs):
-        attrs = super().validate(attrs)
-        if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
-            raise serializers.ValidationError({"top_logprobs": "requires logprobs to be true"})
-        return attrs
-
-
-class CompletionInputSerializer(SamplingInputSerializer):
-    prompt = PromptField()
-    logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False, allow_null=True)
-
-
-def first_error(detail, prefix: str = "") -> tuple[str | None, str]:
-    """The first problem in a DRF error detail as (param path like "messages[1].content", message)."""
-    if isinstance(detail, dict):
-        key, value = next(iter(detail.items()))
-        if key == "non_field_errors":
-            return first_error(value, prefix)
-        if isinstance(key, int):  # a list serializer's errors, by item index
-            return first_error(value, f"{prefix}[{key}]")
-        return first_error(value, f"{prefix}.{key}" if prefix else str(key))
-    if isinstance(detail, list):
-        for index, item in enumerate(detail):
-            if item:  # many=True lists hold {} for the valid items
-                return first_error(item, f"{prefix}[{index}]" if isinstance(item, (dict, list)) else prefix)
-    return prefix or None, str(detail)

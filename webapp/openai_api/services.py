@@ -1,4 +1,4 @@
-"""Turning an API call into an engine request, and accounting for it when it ends.
+"""Turning a validated API call into an engine request, and accounting for it when it ends.
 
 Everything here is synchronous (ORM); the async views call it through ``sync_to_async``.
 """
@@ -15,14 +15,14 @@ from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
-from webapp.openai_api.serializers import (MAX_USER_LENGTH, ChatCompletionInputSerializer, CompletionInputSerializer,
-                                          first_error)
+from webapp.openai_api.serializers import MAX_USER_LENGTH
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active, modelversion_served
+from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
 from webapp.usage.models import UsageRecord
-from webapp.usage.services import usage_record_create
-from workers.protocol import Chunk, ErrorInfo, GenerateRequest
+from webapp.usage.outcome import Outcome
+from webapp.usage.services import usage_record_create, usage_record_finish
+from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
 COMPLETIONS = UsageRecord.Endpoint.COMPLETIONS
@@ -65,36 +65,6 @@ class Generation:
                                prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority)
 
 
-@dataclass
-class Outcome:
-    """What the chunks of one request added up to."""
-
-    text: str = ""
-    logprobs: list[dict] = field(default_factory=list)
-    finish_reason: str | None = None
-    num_prompt_tokens: int | None = None
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0
-    time_to_first_token: float | None = None
-    error: ErrorInfo | None = None
-    finished: bool = False
-    served_version: str | None = None  # the answering worker's version label
-
-    def add(self, chunk: Chunk) -> None:
-        self.served_version = chunk.version or self.served_version
-        self.text += chunk.text
-        self.logprobs.extend(chunk.logprobs or [])
-        self.finished = chunk.finished
-        self.error = chunk.error
-        if chunk.error is None:
-            self.num_prompt_tokens = chunk.num_prompt_tokens
-            self.num_output_tokens = chunk.num_output_tokens
-            self.num_cached_tokens = chunk.num_cached_tokens
-            self.time_to_first_token = chunk.time_to_first_token
-        if chunk.finished:
-            self.finish_reason = chunk.finish_reason
-
-
 def api_key_from_header(authorization: str | None) -> ApiKey:
     scheme, _, raw_key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not raw_key.strip():
@@ -111,16 +81,6 @@ def generation_admit(*, api_key: ApiKey, request_id: str) -> None:
         apikey_admit(api_key=api_key, request_id=request_id)
     except LimitExceeded as exc:
         raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
-
-
-def _validated(serializer_class, data) -> dict:
-    if not isinstance(data, dict):
-        raise errors.invalid_parameter(None, "The request body must be a JSON object.")
-    serializer = serializer_class(data=data)
-    if not serializer.is_valid():
-        param, message = first_error(serializer.errors)
-        raise errors.invalid_parameter(param, f"Invalid value for {param!r}: {message}" if param else message)
-    return serializer.validated_data
 
 
 def _sampling_params(data: dict, max_tokens: int | None, logprobs: int | None) -> dict:
@@ -142,10 +102,9 @@ def _template_messages(messages: list[dict]) -> list[dict]:
     return rendered
 
 
-def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, data, started: float) -> Generation:
-    """Validate the body, resolve the model and tokenize; OpenAIError on any refusal."""
+def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
+    """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
-    values = _validated(ChatCompletionInputSerializer if is_chat else CompletionInputSerializer, data)
     slug = values["model"]
     version = modelversion_get_active(slug=slug)
     if version is None:
@@ -179,31 +138,13 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, data,
 
 def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool = False,
                       error: errors.OpenAIError | None = None) -> UsageRecord:
-    """Record usage (token counts as the engine reported them) and the web-side metrics."""
-    if aborted or outcome.finish_reason == "abort":
-        status = UsageRecord.Status.ABORTED
-    elif error is not None or outcome.error is not None or not outcome.finished:
-        status = UsageRecord.Status.ERROR
-    else:
-        status = UsageRecord.Status.OK
-    error_code = error.code if error is not None else (outcome.error.code if outcome.error else None)
-    latency = time.monotonic() - generation.started
-    prompt_tokens = outcome.num_prompt_tokens
-    if prompt_tokens is None:  # no chunk arrived: the engine never counted it
-        prompt_tokens = 0 if error_code else len(generation.prompt_token_ids)
-    apikey_release(api_key=generation.api_key, request_id=generation.request_id,
-                   tokens=prompt_tokens + outcome.num_output_tokens)
-    observe_api_request(model=generation.model.slug, endpoint=generation.endpoint, status=status,
-                        latency=latency, time_to_first_token=outcome.time_to_first_token)
-    return usage_record_create(
-        request_id=generation.request_id, endpoint=generation.endpoint, status=status, latency=latency,
-        api_key=generation.api_key, user=generation.api_key.owner, model=generation.model,
-        version=modelversion_served(admitted=generation.version, served_label=outcome.served_version),
-        model_name=generation.model.slug, prompt_tokens=prompt_tokens,
-        completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
-        time_to_first_token=outcome.time_to_first_token,
-        finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,
-        end_user=generation.end_user)
+    """Record the usage of a request that reached a worker (and free the key's slot)."""
+    return usage_record_finish(
+        request_id=generation.request_id, endpoint=generation.endpoint, started=generation.started,
+        outcome=outcome, model=generation.model, version=generation.version,
+        num_prompt_tokens=len(generation.prompt_token_ids), api_key=generation.api_key,
+        user=generation.api_key.owner, end_user=generation.end_user, aborted=aborted,
+        error_code=error.code if error is not None else None)
 
 
 def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, error: errors.OpenAIError,

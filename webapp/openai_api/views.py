@@ -1,19 +1,31 @@
-"""The OpenAI-compatible endpoints. Thin: each delegates to services / generation."""
+"""The OpenAI-compatible endpoints: each view validates its body with its own InputSerializer and
+makes one service call (the models list and retrieve through DRF, the completions as async views)."""
 
 from __future__ import annotations
 
+import json
+import time
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.views import View
+from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webapp.config.shutdown import shutting_down
+from webapp.keys.enforcement import apikey_release
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
-from webapp.openai_api.generation import respond
-from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header
+from webapp.openai_api.generation import generation_respond
+from webapp.openai_api.serializers import (MAX_LOGPROBS, ChatMessageSerializer, PromptField,
+                                          SamplingInputSerializer)
+from webapp.openai_api.services import (CHAT, COMPLETIONS, api_key_from_header, generation_admit,
+                                        new_request_id, request_refused)
 from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
 
 
@@ -75,24 +87,65 @@ class CompletionApiBase(View):
     """Async Django views rather than DRF APIViews: DRF's views are synchronous, and a streamed
     response under Daphne has to come from an async iterator on the event loop, both to avoid
     holding a thread per open stream and to learn at once that the client went away (Django
-    cancels the view / closes the iterator, which aborts the generation in the engine). DRF
-    serializers still validate the body, inside generation_prepare.
+    cancels the view / closes the iterator, which aborts the generation in the engine).
+
+    ``dispatch`` plays the part of DRF's authentication and exception handler: the key is checked
+    first (401, no usage record), and any refusal after that (a bad body, a limit, the server
+    shutting down, the subclass's InputSerializer, an unknown model) leaves as an OpenAI error
+    object with a usage record named by the response's X-Request-Id.
     """
 
     endpoint: str
+    InputSerializer: type[SamplingInputSerializer]
     http_method_names = ["post"]
 
+    async def dispatch(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.method.lower() not in self.http_method_names:
+            return self.http_method_not_allowed(request)
+        self.started, self.request_id, self.body = time.monotonic(), new_request_id(self.endpoint), None
+        try:
+            self.api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
+        except errors.OpenAIError as exc:
+            return exc.response()
+        try:
+            return await self.post(request)
+        except (errors.OpenAIError, ValidationError) as exc:
+            error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
+            await sync_to_async(request_refused)(request_id=self.request_id, endpoint=self.endpoint,
+                                                 api_key=self.api_key, data=self.body, error=error,
+                                                 started=self.started)
+            response = error.response()
+            response["X-Request-Id"] = self.request_id  # names its usage record
+            return response
+        except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
+            await sync_to_async(apikey_release)(api_key=self.api_key, request_id=self.request_id)
+            return errors.internal_error(exc).response()
+
     async def post(self, request: HttpRequest) -> HttpResponse:
-        return await respond(request, self.endpoint)
+        await self.admit(request)
+        serializer = self.InputSerializer(data=self.body)
+        serializer.is_valid(raise_exception=True)
+        return await generation_respond(request_id=self.request_id, endpoint=self.endpoint, api_key=self.api_key,
+                                        values=serializer.validated_data, started=self.started)
+
+    async def admit(self, request: HttpRequest) -> None:
+        """Parse the body into ``self.body`` and let the key's limits admit the request; OpenAIError if not."""
+        try:
+            self.body = json.loads(request.body)
+        except RequestDataTooBig:
+            raise errors.OpenAIError(413, "The request body is too large.", code="request_too_large") from None
+        except ValueError:
+            self.body = None
+        if self.body is None:
+            raise errors.invalid_parameter(None, "We could not parse the JSON body of your request.")
+        if shutting_down():
+            raise errors.server_shutting_down()
+        await sync_to_async(generation_admit)(api_key=self.api_key, request_id=self.request_id)
 
     def http_method_not_allowed(self, request, *args, **kwargs):
         response = errors.OpenAIError(405, f"Method {request.method} is not allowed; use POST.",
                                       code="method_not_allowed").response()
         response["Allow"] = "POST"
-        if self.view_is_async:
-            async def wrapped():
-                return response
-            return wrapped()
         return response
 
 
@@ -101,8 +154,25 @@ class ChatCompletionCreateApi(CompletionApiBase):
 
     endpoint = CHAT
 
+    class InputSerializer(SamplingInputSerializer):
+        messages = ChatMessageSerializer(many=True, allow_empty=False)
+        max_completion_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+        logprobs = serializers.BooleanField(required=False, allow_null=True)
+        top_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False,
+                                                allow_null=True)
+
+        def validate(self, attrs):
+            attrs = super().validate(attrs)
+            if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
+                raise serializers.ValidationError({"top_logprobs": "requires logprobs to be true"})
+            return attrs
+
 
 class CompletionCreateApi(CompletionApiBase):
     """POST v1/completions."""
 
     endpoint = COMPLETIONS
+
+    class InputSerializer(SamplingInputSerializer):
+        prompt = PromptField()
+        logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False, allow_null=True)

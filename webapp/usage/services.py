@@ -1,8 +1,9 @@
-"""Writes of usage records, their daily roll-ups and their purge."""
+"""Writes of usage records (one per request, however it ended), their daily roll-ups and their purge."""
 
 from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta, timezone as dt_timezone
+from time import monotonic
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -11,7 +12,12 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
+from webapp.keys.enforcement import apikey_release
+from webapp.monitoring.metrics import observe_api_request
+from webapp.registry.models import Model, ModelVersion
+from webapp.registry.selectors import modelversion_served
 from webapp.usage.models import UsageDaily, UsageRecord
+from webapp.usage.outcome import Outcome
 
 
 def usage_record_create(*, request_id: str, endpoint: str, status: str, latency: float, api_key=None,
@@ -28,6 +34,44 @@ def usage_record_create(*, request_id: str, endpoint: str, status: str, latency:
     record.full_clean(exclude=["api_key", "user", "model", "version"])  # links were just loaded
     record.save()
     return record
+
+
+def usage_status(*, outcome: Outcome, aborted: bool = False, error_code: str | None = None) -> str:
+    """How a generation ended: aborted (the client left, or the engine says so), error, or ok."""
+    if aborted or outcome.finish_reason == "abort":
+        return UsageRecord.Status.ABORTED
+    if error_code is not None or outcome.error is not None or not outcome.finished:
+        return UsageRecord.Status.ERROR
+    return UsageRecord.Status.OK
+
+
+def usage_record_finish(*, request_id: str, endpoint: str, started: float, outcome: Outcome, model: Model,
+                        version: ModelVersion, num_prompt_tokens: int, api_key=None, user=None,
+                        end_user: str = "", aborted: bool = False, error_code: str | None = None) -> UsageRecord:
+    """Account for a generation that reached a worker, however it ended (API request or chat turn).
+
+    Token counts are the engine's; ``num_prompt_tokens`` (the prompt as tokenized here) stands in
+    when no chunk arrived and nothing failed. ``version`` is the version admitted: the record names
+    the one that answered. ``error_code`` is a failure seen on the web side (the outcome's own error
+    counts too). With an ``api_key``, its concurrency slot is freed and the tokens are charged to it.
+    """
+    error_code = error_code or (outcome.error.code if outcome.error is not None else None)
+    status = usage_status(outcome=outcome, aborted=aborted, error_code=error_code)
+    latency = monotonic() - started
+    prompt_tokens = outcome.num_prompt_tokens
+    if prompt_tokens is None:  # no chunk arrived: the engine never counted it
+        prompt_tokens = 0 if error_code else num_prompt_tokens
+    if api_key is not None:
+        apikey_release(api_key=api_key, request_id=request_id, tokens=prompt_tokens + outcome.num_output_tokens)
+    observe_api_request(model=model.slug, endpoint=endpoint, status=status, latency=latency,
+                        time_to_first_token=outcome.time_to_first_token)
+    return usage_record_create(
+        request_id=request_id, endpoint=endpoint, status=status, latency=latency, api_key=api_key, user=user,
+        model=model, version=modelversion_served(admitted=version, served_label=outcome.served_version),
+        model_name=model.slug, prompt_tokens=prompt_tokens, completion_tokens=outcome.num_output_tokens,
+        cached_prompt_tokens=outcome.num_cached_tokens, time_to_first_token=outcome.time_to_first_token,
+        finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,
+        end_user=end_user)
 
 
 # Roll-ups and retention: raw records become one UsageDaily row per day, key, user and model, and
