@@ -7,7 +7,7 @@ import json
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -164,30 +164,50 @@ def models_json(request):
     return JsonResponse({"versions": version_rows()})
 
 
-ACTIONS = {"activate": modelversion_activate, "deactivate": modelversion_deactivate}
+def staff_post(view):
+    """A staff-only view that only answers POST."""
+    return staff_required(require_POST(view))
 
 
-@staff_required
-@require_POST
-def version_action(request, version_id: int, action: str):
+def _version_write(request, version_id: int, verb: str, write, done) -> HttpResponse:
+    """Run one write on a version (``write(version=...)``) and say on the models page how it went;
+    ``done`` is the success message, or a function of the version giving it."""
     version = get_object_or_404(ModelVersion.objects.select_related("model"), pk=version_id)
     label = str(version)
     try:
-        if action == "delete":
-            modelversion_delete(version=version)
-        elif action == "settings":
-            modelversion_update_settings(
-                version=version, engine_settings=settings_from_form(request.POST, version.engine_settings))
-        elif action in ACTIONS:
-            ACTIONS[action](version=version)
-        else:
-            raise Http404("unknown action")
+        write(version=version)
     except ValidationError as error:
-        verb = "save the engine settings of" if action == "settings" else action
         messages.error(request, f"Cannot {verb} {label}: {_message(error)}")
     else:
-        done = {"settings": "engine settings saved"}.get(action, f"{action} done")
-        if action == "settings" and version.status == ModelVersion.Status.ACTIVE:
-            done += "; its worker reloads with them while the current one finishes its requests"
-        messages.success(request, f"{label}: {done}.")
+        messages.success(request, f"{label}: {done(version) if callable(done) else done}.")
     return redirect("console:models")
+
+
+@staff_post
+def version_activate(request, version_id: int):
+    return _version_write(request, version_id, "activate", modelversion_activate, "activate done")
+
+
+@staff_post
+def version_deactivate(request, version_id: int):
+    return _version_write(request, version_id, "deactivate", modelversion_deactivate, "deactivate done")
+
+
+@staff_post
+def version_delete(request, version_id: int):
+    return _version_write(request, version_id, "delete", modelversion_delete, "delete done")
+
+
+def _settings_saved(version: ModelVersion) -> str:
+    if version.status == ModelVersion.Status.ACTIVE:
+        return "engine settings saved; its worker reloads with them while the current one finishes its requests"
+    return "engine settings saved"
+
+
+@staff_post
+def version_update_settings(request, version_id: int):
+    def save(*, version: ModelVersion) -> None:
+        modelversion_update_settings(version=version,
+                                     engine_settings=settings_from_form(request.POST, version.engine_settings))
+
+    return _version_write(request, version_id, "save the engine settings of", save, _settings_saved)

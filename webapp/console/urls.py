@@ -17,8 +17,12 @@ from webapp.console import model_views  # noqa: E402
 urlpatterns += [
     path("models/", model_views.models_page, name="models"),
     path("models.json", model_views.models_json, name="models-json"),
-    path("models/versions/<int:version_id>/<slug:action>/", model_views.version_action,
-         name="version-action"),
+    path("models/versions/<int:version_id>/activate/", model_views.version_activate, name="version-activate"),
+    path("models/versions/<int:version_id>/deactivate/", model_views.version_deactivate,
+         name="version-deactivate"),
+    path("models/versions/<int:version_id>/delete/", model_views.version_delete, name="version-delete"),
+    path("models/versions/<int:version_id>/settings/", model_views.version_update_settings,
+         name="version-update-settings"),
 ]
 
 # The keys page (webapp/console/keys_views.py).

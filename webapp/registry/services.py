@@ -56,16 +56,20 @@ def model_create(*, slug: str, name: str = "") -> Model:
     return model
 
 
+def _next_version_number(model: Model) -> int:
+    """The number the model's next version gets; call inside a transaction: the model's row stays
+    locked until it commits, so two registrations cannot pick the same number."""
+    Model.objects.select_for_update().get(pk=model.pk)
+    return (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+
+
 @transaction.atomic
 def modelversion_create(*, model: Model, path: str | Path, engine_settings: dict | None = None) -> ModelVersion:
     path = Path(path).expanduser().resolve()
     fmt = checkpoint_format(path)
     engine_settings = validate_engine_settings(engine_settings or {})
-    # Lock the model row so two registrations cannot pick the same number.
-    Model.objects.select_for_update().get(pk=model.pk)
-    number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
-    return ModelVersion.objects.create(model=model, number=number, path=str(path), format=fmt,
-                                       engine_settings=engine_settings)
+    return ModelVersion.objects.create(model=model, number=_next_version_number(model), path=str(path),
+                                       format=fmt, engine_settings=engine_settings)
 
 
 
@@ -96,8 +100,7 @@ def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict
                                   "conversion", code="gguf_conversion")
         with transaction.atomic():
             model = Model.objects.filter(slug=model_slug).first() or model_create(slug=model_slug)
-            Model.objects.select_for_update().get(pk=model.pk)
-            number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+            number = _next_version_number(model)
             path = move_into_place(checkpoint, models_dir / f"v{number}")
             version = ModelVersion.objects.create(
                 model=model, number=number, path=str(path.resolve()), format=checkpoint_format(path),
@@ -127,11 +130,9 @@ def modelversion_register_path(*, model_slug: str, path: str, engine_settings: d
     fmt = checkpoint_format(resolved)
     with transaction.atomic():
         model = Model.objects.filter(slug=model_slug).first() or model_create(slug=model_slug)
-        Model.objects.select_for_update().get(pk=model.pk)
-        number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
         version = ModelVersion.objects.create(
-            model=model, number=number, path=str(resolved), format=fmt, engine_settings=engine_settings,
-            status=ModelVersion.Status.VALIDATING, step="queued")
+            model=model, number=_next_version_number(model), path=str(resolved), format=fmt,
+            engine_settings=engine_settings, status=ModelVersion.Status.VALIDATING, step="queued")
         transaction.on_commit(lambda: _queue_validation(version.pk))
     return version
 
