@@ -8,6 +8,11 @@ moves all columns together. Last, the crossover: the fewest rows at which bf16 G
 weight-only variant.
 
     .venv/bin/python bench/linear_kernels.py [--repeats 5] [--rows 1,2,4,8,16,32,64]
+    .venv/bin/python bench/linear_kernels.py --smollm2 [--repeats 5]
+
+--smollm2 instead loads the bundled GGUF: its Q4_1 blocks straight into int4 modules, timed
+against the fp32 (dequantized) nn.Linear of transformers' own load at rows 1 and 32, then the
+greedy fidelity of that int4 model against the fp32 one on a few chat prompts.
 """
 
 from __future__ import annotations
@@ -85,12 +90,91 @@ def time_once(fn) -> float:
     return time.perf_counter() - start
 
 
+SMOLLM2_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+                   "Explain what a hash table is.", "List three uses of copper."]
+HF_PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                  "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                  "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def smollm2(repeats: int, max_new_tokens: int = 64) -> None:
+    import copy
+
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.gguf_loader import unpermute_qk
+    from engine.models.registry import resolve_model_path
+    from engine.quantization.fidelity import teacher_forced_fidelity, Fidelity
+    from engine.quantization.gguf import q4_to_int4
+    from engine.tokenizer import apply_chat_template, load_tokenizer
+
+    path = resolve_model_path("smollm2")
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=torch.float32).eval()
+    quantized = copy.deepcopy(reference)
+    cfg = reference.config
+    for tensor in GGUFReader(path).tensors:
+        parts = tensor.name.split(".")
+        if parts[0] != "blk" or parts[2] not in HF_PROJECTIONS:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        codes, scales, zeros = q4_to_int4(tensor.data, shape, tensor.tensor_type.name)
+        heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(parts[2])
+        if heads:  # llama.cpp's Q/K row order -> HF's; whole rows move
+            codes, scales, zeros = (unpermute_qk(t, heads) for t in (codes, scales, zeros))
+        parent, _, child = f"model.layers.{parts[1]}.{HF_PROJECTIONS[parts[2]]}".rpartition(".")
+        setattr(quantized.get_submodule(parent), child, Int4WeightOnlyLinear(codes, scales, zeros, 32))
+
+    def projections(model):
+        return [model.get_submodule(f"model.layers.{i}.{n}")
+                for i in range(cfg.num_hidden_layers) for n in HF_PROJECTIONS.values()]
+
+    variants = {"fp32 nn.Linear": (projections(reference), torch.float32),
+                "int4 from Q4_1, fp32 in/out": (projections(quantized), torch.float32),
+                "int4 from Q4_1, bf16 in/out": (projections(quantized), torch.bfloat16)}
+    times = {(k, r): [] for k in variants for r in (1, 32)}
+    with torch.no_grad():
+        for rep in range(repeats + 1):
+            for r in (1, 32):
+                for kind, (mods, dtype) in variants.items():
+                    xs = [torch.randn(r, m.in_features).to(dtype) for m in mods]
+                    elapsed = time_once(lambda: [m(x) for m, x in zip(mods, xs)])
+                    if rep:  # the first round is warm-up
+                        times[kind, r].append(elapsed)
+    print(f"# CPU: {cpu_facts()}; torch {torch.__version__}; median of {repeats}")
+    print(f"\nSmolLM2 30 layers x 7 projections (unfused, as transformers holds them), ms")
+    for kind in variants:
+        print(f"{kind:>30} " + " ".join(
+            f"rows {r}: {statistics.median(times[kind, r]) * 1e3:7.2f}" for r in (1, 32)))
+
+    tokenizer = load_tokenizer("smollm2")
+    total = Fidelity(0, 0, 0)
+    with torch.no_grad():
+        for text in SMOLLM2_PROMPTS:
+            prompt = apply_chat_template(tokenizer, [{"role": "user", "content": text}])
+            out = quantized.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                                     do_sample=False, min_new_tokens=max_new_tokens)
+            generated = out[0, len(prompt):].tolist()
+            one = teacher_forced_fidelity(lambda ids: reference(torch.tensor([ids])).logits[0],
+                                          prompt, generated)
+            total = total + one
+            print(f"{text[:40]!r:44} top-1 {one.top1:6.1%}  top-5 {one.top5:6.1%}  "
+                  f"{tokenizer.decode(generated)[:60]!r}")
+    print(f"int4 from Q4_1 (bf16 d, m + 8d) vs fp32 dequantized, {total.num_tokens} tokens: "
+          f"top-1 {total.top1:.1%}, top-5 {total.top5:.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", default="1,2,4,8,16,32,64")
+    parser.add_argument("--smollm2", action="store_true")
     parser.add_argument("--variants", default="fp32,bf16,int8-fp32,int8-bf16,int4-g32,int4-g64,int4-g128")
     args = parser.parse_args()
+    if args.smollm2:
+        torch.set_grad_enabled(False)
+        return smollm2(args.repeats)
     rows_list = [int(r) for r in args.rows.split(",")]
     kinds = args.variants.split(",")
     torch.set_grad_enabled(False)
