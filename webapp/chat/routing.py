@@ -1,3 +1,5 @@
+"""The chat page's WebSocket route (served by ChatConsumer under config.asgi)."""
+
 from django.urls import path
 
 from webapp.chat.consumers import ChatConsumer

@@ -1,3 +1,5 @@
+"""The chat pages: conversations, their rename and delete, and the login/logout views."""
+
 from django.contrib.auth import views as auth_views
 from django.urls import path
 

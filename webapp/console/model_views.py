@@ -120,9 +120,21 @@ def models_page(request):
         "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES})
 
 
-def _upload(request):
-    slug, uploaded = request.POST.get("model_slug", "").strip(), request.FILES.get("file")
+def _tell(request, attempt, refused: str) -> HttpResponse:
+    """Run ``attempt`` (it returns what to say when it worked) and tell the models page how it went:
+    a ValidationError becomes ``refused: <its message>``."""
     try:
+        said = attempt()
+    except ValidationError as error:
+        messages.error(request, f"{refused}: {_message(error)}")
+    else:
+        messages.success(request, said)
+    return redirect("console:models")
+
+
+def _upload(request):
+    def attempt() -> str:
+        slug, uploaded = request.POST.get("model_slug", "").strip(), request.FILES.get("file")
         if not slug or uploaded is None:
             raise ValidationError("choose a model name and a file to upload")
         try:
@@ -135,27 +147,22 @@ def _upload(request):
         version = modelversion_upload(model_slug=slug, uploaded_file=uploaded,
                                       engine_settings=engine_settings,
                                       convert_dtype=request.POST.get("convert_dtype", "").strip() or None)
-    except ValidationError as error:
-        messages.error(request, f"Upload refused: {_message(error)}")
-    else:
         converting = (version.validation or {}).get("convert_dtype")
-        messages.success(request, f"Uploaded {version}; "
-                                  f"{f'converting to {converting}, then ' if converting else ''}validating.")
-    return redirect("console:models")
+        return f"Uploaded {version}; {f'converting to {converting}, then ' if converting else ''}validating."
+
+    return _tell(request, attempt, "Upload refused")
 
 
 def _register_path(request):
-    slug, path = request.POST.get("model_slug", "").strip(), request.POST.get("path", "").strip()
-    try:
+    def attempt() -> str:
+        slug, path = request.POST.get("model_slug", "").strip(), request.POST.get("path", "").strip()
         if not slug or not path:
             raise ValidationError("choose a model name and give the checkpoint's path on the server")
         version = modelversion_register_path(model_slug=slug, path=path,
                                              engine_settings=settings_from_form(request.POST, {}))
-    except ValidationError as error:
-        messages.error(request, f"Registration refused: {_message(error)}")
-    else:
-        messages.success(request, f"Registered {version} from {version.path}; validating.")
-    return redirect("console:models")
+        return f"Registered {version} from {version.path}; validating."
+
+    return _tell(request, attempt, "Registration refused")
 
 
 @staff_required
@@ -174,13 +181,12 @@ def _version_write(request, version_id: int, verb: str, write, done) -> HttpResp
     ``done`` is the success message, or a function of the version giving it."""
     version = get_object_or_404(ModelVersion.objects.select_related("model"), pk=version_id)
     label = str(version)
-    try:
+
+    def attempt() -> str:
         write(version=version)
-    except ValidationError as error:
-        messages.error(request, f"Cannot {verb} {label}: {_message(error)}")
-    else:
-        messages.success(request, f"{label}: {done(version) if callable(done) else done}.")
-    return redirect("console:models")
+        return f"{label}: {done(version) if callable(done) else done}."
+
+    return _tell(request, attempt, f"Cannot {verb} {label}")
 
 
 @staff_post

@@ -1,3 +1,5 @@
+"""The staff console's pages: workers, metrics, usage, models (one URL per version operation) and keys."""
+
 from django.urls import path
 
 from webapp.console import metrics_views, views

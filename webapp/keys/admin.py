@@ -1,3 +1,5 @@
+"""API keys in the Django admin (the console's keys page is the everyday tool)."""
+
 from django.contrib import admin
 
 from webapp.keys.models import ApiKey

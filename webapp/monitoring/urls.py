@@ -1,3 +1,5 @@
+"""Liveness, readiness and Prometheus metrics endpoints."""
+
 from django.urls import path
 
 from webapp.monitoring import views

@@ -1,3 +1,5 @@
+"""The OpenAI-compatible API's explicit v1/ paths, one view per operation."""
+
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 

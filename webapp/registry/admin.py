@@ -1,3 +1,5 @@
+"""Models and their versions in the Django admin."""
+
 from django.contrib import admin
 
 from webapp.registry.models import Model, ModelVersion

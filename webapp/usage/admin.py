@@ -1,3 +1,5 @@
+"""Usage records (read-only) and their daily roll-ups in the Django admin."""
+
 from django.contrib import admin
 
 from webapp.usage.models import UsageDaily, UsageRecord
