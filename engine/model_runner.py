@@ -15,6 +15,7 @@ from engine.input_batch import build_input_batch
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
 from engine.models.llama import LlamaForCausalLM
+from engine.models.loader import load_weights
 from engine.models.model_config import ModelConfig
 from engine.outputs import TokenLogprob
 from engine.sampling_metadata import SamplingMetadata
@@ -65,7 +66,7 @@ class ModelRunner:
         if weights is None:
             _init_random_weights(self.model, config.seed)
         else:
-            self.model.load_weights(_with_progress(weights, progress))
+            load_weights(self.model, _with_progress(weights, progress))
         self.model.pack_for_cpu()
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled

@@ -1,12 +1,11 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a flattened token batch.
 
-Q/K/V and gate/up projections are fused into one matrix each, so a layer runs
-four GEMMs; ``load_weights`` maps Hugging Face tensor names onto the fused layout.
+Q/K/V and gate/up projections are fused into one matrix each, so a layer runs four GEMMs;
+``packed_modules_mapping`` tells the loader (engine/models/loader.py) which fused layer and shard
+each Hugging Face tensor goes to, and the layer's ``weight_loader`` places it (engine/layers/linear.py).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -16,41 +15,11 @@ from engine.attention_metadata import AttentionMetadata
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.layernorm import RMSNorm
+from engine.layers.linear import Linear, MergedLinear, QKVLinear
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-
-# HF name fragment -> (our fused parameter, shard index within it)
-_STACKED = {
-    ".q_proj.": (".qkv_proj.", 0),
-    ".k_proj.": (".qkv_proj.", 1),
-    ".v_proj.": (".qkv_proj.", 2),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
-
-
-class Linear(nn.Module):
-    """y = x W^T (+ b), with the weight stored [out, in] as in HF checkpoints."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 shard_sizes: list[int] | None = None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.shard_sizes = shard_sizes or [out_features]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def load_shard(self, param: nn.Parameter, shard: int, tensor: torch.Tensor) -> None:
-        start = sum(self.shard_sizes[:shard])
-        size = self.shard_sizes[shard]
-        if tensor.shape[0] != size:
-            raise ValueError(f"shard {shard} has {tensor.shape[0]} rows, expected {size}")
-        param.data[start:start + size].copy_(tensor)
-
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
@@ -58,15 +27,13 @@ class LlamaAttention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias,
-                               shard_sizes=[q_size, kv_size, kv_size])
-        self.o_proj = Linear(q_size, cfg.hidden_size)
+        self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
+                                  bias=cfg.attention_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size)
         self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings,
                                           cfg.rope_theta, cfg.rope_scaling, use_triton)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, use_triton)
-        self.split = [q_size, kv_size, kv_size]
+        self.split = self.qkv_proj.output_sizes  # [q, kv, kv]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -83,7 +50,7 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
         super().__init__()
         inter = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, shard_sizes=[inter, inter])
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter, inter])
         self.down_proj = Linear(inter, cfg.hidden_size)
         self.act = SiluAndMul(use_triton)
 
@@ -129,6 +96,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # HF projection name -> (our fused layer, its shard)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
     def __init__(self, cfg: ModelConfig, use_triton: bool = False):
         super().__init__()
         self.config = cfg
@@ -163,32 +136,3 @@ class LlamaForCausalLM(nn.Module):
         if (weight.device.type == "cpu" and weight.dtype == torch.float32
                 and torch.backends.mkldnn.is_available()):
             self._packed_lm_head = weight.detach().to_mkldnn()
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the (fused) parameters; every parameter must be filled."""
-        params = dict(self.named_parameters())
-        missing = set(params)
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if name == "lm_head.weight" and self.lm_head is None:
-                continue  # tied: the embedding already holds it
-            for fragment, (fused, shard) in _STACKED.items():
-                if fragment in name:
-                    target = name.replace(fragment, fused)
-                    module = self.get_submodule(target.rsplit(".", 1)[0])
-                    module.load_shard(params[target], shard, tensor.to(params[target].dtype))
-                    missing.discard(target)
-                    break
-            else:
-                if name not in params:
-                    raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
-                param = params[name]
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} "
-                                     f"!= model shape {tuple(param.shape)}")
-                param.data.copy_(tensor)
-                missing.discard(name)
-        if missing:
-            raise KeyError(f"checkpoint lacks tensors for: {sorted(missing)[:8]}")
