@@ -1,4 +1,4 @@
-"""Converting a checkpoint's safetensors shards to another dtype (engine/convert.py, engine.validate)."""
+"""Converting a checkpoint's safetensors shards to another dtype (engine/cli/convert.py, engine.cli.validate)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.convert import convert_checkpoint
+from engine.cli.convert import convert_checkpoint
 from engine.errors import EngineError
-from engine.validate import main
+from engine.cli.validate import main
 
 
 def shard_dtypes(directory) -> set[torch.dtype]:

@@ -6,7 +6,7 @@ import jinja2.sandbox
 from tokenizers import Tokenizer
 
 from engine.tokenizer import apply_chat_template
-from engine.tokenizer_export import export_tokenizer
+from engine.cli.tokenizer_export import export_tokenizer
 
 
 def test_exported_tokenizer_and_template_match_the_engine(smollm2_path, smollm2_tokenizer, tmp_path):

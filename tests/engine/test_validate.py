@@ -1,4 +1,4 @@
-"""engine.validate: the shapes it expects are exactly Hugging Face's, and it reports as JSON lines."""
+"""engine.cli.validate: the shapes it expects are exactly Hugging Face's, and it reports as JSON lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from engine.models.loader import load_model_config
-from engine.validate import expected_shapes, main
+from engine.cli.validate import expected_shapes, main
 
 SMALL = dict(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)

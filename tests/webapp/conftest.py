@@ -13,7 +13,7 @@ def media_root(settings, tmp_path):
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
     """tokenizer.json + tokenizer_config.json of the bundled GGUF, exported once per session."""
-    from engine.tokenizer_export import export_tokenizer
+    from engine.cli.tokenizer_export import export_tokenizer
 
     return export_tokenizer("smollm2", tmp_path_factory.mktemp("smollm2_tokenizer"))
 

@@ -1,7 +1,7 @@
 """Per-version engine settings on the console's models page, dtype conversion on upload, and
 embedded mode's worker following activation, deactivation and settings edits.
 
-Uploads run the real validation child (``python -m engine.validate``) eagerly; the embedded
+Uploads run the real validation child (``python -m engine.cli.validate``) eagerly; the embedded
 worker is the real engine loop in a thread of this process, over the in-memory broker.
 """
 

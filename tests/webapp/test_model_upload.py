@@ -1,7 +1,7 @@
 """Uploading a checkpoint: safe unpacking, refusals with reasons, and validation in a child process.
 
 Archives are built here from real files (the tiny random Llama of tests/conftest.py); the
-validation task runs eagerly (no REDIS_URL) and starts the real ``python -m engine.validate``.
+validation task runs eagerly (no REDIS_URL) and starts the real ``python -m engine.cli.validate``.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ class ModelVersion(models.Model):
     # EngineConfig keyword arguments (validated by registry.engine_settings).
     engine_settings = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.REGISTERED)
-    # tokenizer.json + tokenizer_config.json exported once by `python -m engine.tokenizer_export`.
+    # tokenizer.json + tokenizer_config.json exported once by `python -m engine.cli.tokenizer_export`.
     tokenizer_dir = models.CharField(max_length=1024, blank=True)
     error = models.TextField(blank=True)
-    # Validation of an upload (python -m engine.validate): current step, 0..1, and its final report
+    # Validation of an upload (python -m engine.cli.validate): current step, 0..1, and its final report
     # {"parameters", "context_length", "size_bytes", "checksum"}.
     step = models.CharField(max_length=100, blank=True)
     progress = models.FloatField(default=0.0)

@@ -166,14 +166,14 @@ def modelversion_prepare_tokenizer(*, version: ModelVersion) -> ModelVersion:
     """Export the checkpoint's tokenizer and chat template to plain files, once per version.
 
     The web process must not import transformers (nor torch), so the export runs in a child
-    interpreter (``python -m engine.tokenizer_export``); webapp.registry.tokenizers then reads
+    interpreter (``python -m engine.cli.tokenizer_export``); webapp.registry.tokenizers then reads
     the files with the ``tokenizers`` library and jinja2. Runs outside any transaction: a GGUF
     export takes seconds.
     """
     if version.tokenizer_dir and (Path(version.tokenizer_dir) / "tokenizer.json").is_file():
         return version
     out_dir = tokenizer_dir_for(version)
-    command = [sys.executable, "-m", "engine.tokenizer_export", version.path, str(out_dir)]
+    command = [sys.executable, "-m", "engine.cli.tokenizer_export", version.path, str(out_dir)]
     try:
         result = subprocess.run(command, cwd=settings.BASE_DIR, capture_output=True, text=True,
                                 timeout=TOKENIZER_EXPORT_TIMEOUT_S)

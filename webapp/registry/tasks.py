@@ -20,7 +20,7 @@ STDERR_TAIL_CHARS = 2000
 
 @shared_task(name="registry.validate_model_version")
 def validate_model_version(version_id: int) -> str:
-    """Run ``python -m engine.validate`` on the version's path; mirror its progress onto the row.
+    """Run ``python -m engine.cli.validate`` on the version's path; mirror its progress onto the row.
 
     The web process must not import torch, so the engine-side checks (config, tokenizer, tensor
     shapes, a 4-token forward pass) run in a child whose JSON lines arrive here one at a time.
@@ -28,7 +28,7 @@ def validate_model_version(version_id: int) -> str:
     rewrite its shards first. Returns the final status.
     """
     version = ModelVersion.objects.get(pk=version_id)
-    command = [sys.executable, "-m", "engine.validate", version.path]
+    command = [sys.executable, "-m", "engine.cli.validate", version.path]
     convert_dtype = (version.validation or {}).get("convert_dtype")
     if convert_dtype:  # asked for at upload (services.modelversion_upload)
         command += ["--convert-dtype", convert_dtype]

@@ -1,6 +1,6 @@
 """A model's tokenizer and chat template in the web process, without torch or transformers.
 
-Reads the two files ``python -m engine.tokenizer_export`` writes (see
+Reads the two files ``python -m engine.cli.tokenizer_export`` writes (see
 registry.services.modelversion_prepare_tokenizer): ``tokenizer.json`` for the ``tokenizers``
 library (Rust) and ``tokenizer_config.json`` for the chat template, which is rendered the way
 transformers renders it (jinja2's ImmutableSandboxedEnvironment with trim_blocks/lstrip_blocks,

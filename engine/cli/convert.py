@@ -1,9 +1,9 @@
 """Rewrite a Hugging Face checkpoint's safetensors shards in another floating-point dtype.
 
-    from engine.convert import convert_checkpoint
+    from engine.cli.convert import convert_checkpoint
     convert_checkpoint(path, "bfloat16", report)
 
-Run by ``python -m engine.validate PATH --convert-dtype DTYPE`` before the checks, in the
+Run by ``python -m engine.cli.validate PATH --convert-dtype DTYPE`` before the checks, in the
 validation child process (the web process never imports torch). Each shard is converted in
 memory and written next to itself, then renamed over the original, so a crash leaves every
 shard either old or new, never half written; config.json's ``torch_dtype`` (and ``dtype``)
@@ -17,9 +17,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.config import CONVERT_DTYPES as DTYPES
 from engine.errors import EngineError
-
-DTYPES = ("float16", "bfloat16", "float32")
 
 Report = Callable[[str, float], None]
 

@@ -1,6 +1,6 @@
 """Write a checkpoint's tokenizer as plain files a process without torch can load.
 
-    python -m engine.tokenizer_export MODEL OUT_DIR
+    python -m engine.cli.tokenizer_export MODEL OUT_DIR
 
 OUT_DIR receives ``tokenizer.json`` (load it with the ``tokenizers`` library) and
 ``tokenizer_config.json`` with at least ``chat_template``, ``bos_token``,

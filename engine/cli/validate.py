@@ -1,9 +1,9 @@
 """Check that a checkpoint can be served, reporting progress as JSON lines on stdout.
 
-    python -m engine.validate MODEL_PATH [--convert-dtype float16|bfloat16|float32]
+    python -m engine.cli.validate MODEL_PATH [--convert-dtype float16|bfloat16|float32]
 
 With --convert-dtype the checkpoint's safetensors shards are first rewritten in that dtype
-(engine/convert.py), so the checks and the recorded size are those of the converted files.
+(engine/cli/convert.py), so the checks and the recorded size are those of the converted files.
 Each line is ``{"step": "...", "progress": 0..1}``; the last is either
 ``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>"}``
 or ``{"ok": false, "error": "..."}``. The exit status is 0 exactly when the checkpoint is ok.
@@ -129,9 +129,9 @@ def _emit(record: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from engine.convert import DTYPES, convert_checkpoint
+    from engine.cli.convert import DTYPES, convert_checkpoint
 
-    parser = argparse.ArgumentParser(prog="python -m engine.validate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.cli.validate", description=__doc__.split("\n")[0])
     parser.add_argument("model_path")
     parser.add_argument("--convert-dtype", choices=DTYPES, default=None,
                         help="rewrite the safetensors shards in this dtype before validating")
