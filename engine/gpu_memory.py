@@ -64,11 +64,11 @@ def dummy_prefill_entries(num_tokens: int, max_model_len: int,
 
 
 def dummy_caches(entries: list[ScheduledSequence], block_size: int, num_kv_heads: int,
-                 head_dim: int, num_layers: int, dtype: torch.dtype, device: torch.device,
-                 use_triton: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                 head_dim: int, num_layers: int, dtype: torch.dtype,
+                 device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A throw-away paged cache holding exactly the blocks of ``entries``, one (K, V) per layer."""
     num_blocks = sum(len(e.seq.block_table) for e in entries)
-    shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim, use_triton)
+    shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
     pool = torch.zeros((2, num_layers, *shape), dtype=dtype, device=device)
     return [(pool[0, i], pool[1, i]) for i in range(num_layers)]
 
@@ -101,8 +101,7 @@ def profile_memory(model, sampler, *, utilization: float, max_num_batched_tokens
     """Measure the dummy step on ``device`` (CUDA) and derive the KV pool's budget."""
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     entries = dummy_prefill_entries(max_num_batched_tokens, max_model_len, block_size)
-    caches = dummy_caches(entries, block_size, num_kv_heads, head_dim, num_layers, dtype, device,
-                          use_triton)
+    caches = dummy_caches(entries, block_size, num_kv_heads, head_dim, num_layers, dtype, device)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)  # weights, the throw-away cache, anything else
     torch.cuda.reset_peak_memory_stats(device)

@@ -72,8 +72,8 @@ class ModelRunner:
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
         shape = kv_cache_shape(self.num_blocks, self.block_size, model_config.num_key_value_heads,
-                               model_config.head_dim, self.use_triton)
-        # One allocation for the whole pool: [2, layers, *per-layer shape of the attention backend].
+                               model_config.head_dim)
+        # One allocation for the whole pool: [2, layers, *kv_cache_shape].
         self.kv_pool = torch.zeros((2, model_config.num_hidden_layers, *shape),
                                    dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])

@@ -16,8 +16,8 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 
 
-def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                   use_triton: bool) -> tuple[int, ...]:
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    """One layer's K (or V) pool; both implementations read this layout."""
     return (num_blocks, block_size, num_kv_heads, head_dim)
 
 

@@ -107,7 +107,7 @@ def test_profiling_step_runs_the_model_and_samples_every_row():
     entries = dummy_prefill_entries(100, 64, 16)
     cfg = bench.TINY
     caches = dummy_caches(entries, 16, cfg.num_key_value_heads, cfg.head_dim,
-                          cfg.num_hidden_layers, torch.float32, torch.device("cpu"), use_triton)
+                          cfg.num_hidden_layers, torch.float32, torch.device("cpu"))
     with torch.inference_mode():
         ids = run_dummy_step(runner.model, runner.sampler, entries, caches, num_sampled_rows=7,
                              block_size=16, device=torch.device("cpu"), use_triton=use_triton)

@@ -73,7 +73,7 @@ def test_memory_profiling_step_runs_on_the_triton_path(engines):
     cfg = runner.model_config
     entries = dummy_prefill_entries(MAX_BATCHED_TOKENS, 20, BLOCK_SIZE)
     caches = dummy_caches(entries, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim,
-                          cfg.num_hidden_layers, torch.float32, runner.device, True)
+                          cfg.num_hidden_layers, torch.float32, runner.device)
     with torch.inference_mode():
         ids = run_dummy_step(runner.model, runner.sampler, entries, caches, num_sampled_rows=5,
                              block_size=BLOCK_SIZE, device=runner.device, use_triton=True)
