@@ -1,5 +1,6 @@
 # Pagoda's entry points. Needs GNU make and python3 (3.11); everything else is installed here.
-#   make run    start Pagoda with the bundled model
+#   make run    start Pagoda with the bundled model (DEBUG off, settings.serve)
+#   make dev    the same with DEBUG on (settings.local): for development on this machine only
 #   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x")
 #   make test-fast  the same without tests marked slow (servers, browsers, real model): the edit-run loop
 
@@ -19,7 +20,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: venv system-deps test test-fast run bench lint-imports clean
+.PHONY: venv system-deps test test-fast run dev bench lint-imports clean
 
 venv: $(STAMP)
 
@@ -50,7 +51,9 @@ test: system-deps venv
 test-fast: system-deps venv
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
-# Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager.
+# Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager. Settings:
+# webapp.config.settings.serve (manage.py's and asgi.py's default): DEBUG off, static files served
+# by the web process, a secret key generated once under ~/.local/share/pagoda/ ($PAGODA_DATA_DIR).
 run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_bundled_model && $(PY) manage.py ensure_admin
@@ -58,6 +61,11 @@ run: venv
 	@echo "first run; reset it with: $(PY) manage.py changepassword admin); console: /console/workers/;"
 	@echo "OpenAI API: http://$(HOST):$(PORT)/v1 with a key from: $(PY) manage.py create_api_key --name me"
 	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application
+
+# `make run` with DEBUG on (tracebacks in the browser, static files re-read when edited). The
+# development settings' secret key is public: never let anyone else reach this server.
+dev: export DJANGO_SETTINGS_MODULE = webapp.config.settings.local
+dev: run
 
 bench: venv
 	$(PY) bench/throughput.py $(BENCH_ARGS)

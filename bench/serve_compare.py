@@ -165,7 +165,7 @@ def main() -> int:
         ap.error("--concurrency, --requests, --max-tokens and --repeats must be positive")
 
     root = Path(tempfile.mkdtemp(prefix="pagoda-serve-compare-"))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.local",
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.serve", "PAGODA_DATA_DIR": str(root),
            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "LOG_LEVEL": "WARNING"}
     env.pop("REDIS_URL", None)
     manage(env, "migrate", "--noinput")

@@ -17,7 +17,22 @@
       return ""; // markdown-it escapes it
     },
   });
-  const renderMarkdown = (text) => DOMPurify.sanitize(md.render(text), { USE_PROFILES: { html: true } });
+  // Images only from this site or data: (the page's CSP says the same; a remote image URL in model
+  // output could carry the conversation away): others become their alt text. Style attributes
+  // (markdown-it's table alignment) are dropped because the CSP refuses inline style.
+  const isLocalImage = (src) => {
+    try { const url = new URL(src, location.href); return url.protocol === "data:" || url.origin === location.origin; }
+    catch (e) { return false; }
+  };
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.nodeName === "IMG" && !isLocalImage(node.getAttribute("src") || "")) {
+      const alt = document.createElement("span");
+      alt.className = "blocked-image"; alt.title = "remote image not loaded";
+      alt.textContent = node.getAttribute("alt") || "image";
+      node.replaceWith(alt);
+    }
+  });
+  const renderMarkdown = (text) => DOMPurify.sanitize(md.render(text), { USE_PROFILES: { html: true }, FORBID_ATTR: ["style"] });
 
   let conversationId = state.conversation ? state.conversation.id : null;
   let socket = null, streaming = null; // streaming: {el, body, text, frame}
@@ -226,7 +241,7 @@
       connectionEl.textContent = "disconnected"; connectionEl.className = "connection bad";
       if (streaming) onError({ message: "The connection was lost; the answer was stopped." });
       if (event.code === 4401) { location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return; }
-      setTimeout(connect, 1500);
+      setTimeout(connect, event.code === 4429 ? 15000 : 1500);  // 4429: too many sockets open
     });
   }
 

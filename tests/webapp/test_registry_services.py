@@ -146,3 +146,73 @@ def test_the_served_version_is_the_one_the_answering_worker_names():
     assert modelversion_served(admitted=v2, served_label="3") == v2  # another model's number: not ours
     assert modelversion_served(admitted=v2, served_label="v9") == v2  # not a registry label
     assert other.number == 3
+
+
+def _gguf(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"GGUF" + bytes(64))
+    return path
+
+
+@pytest.mark.parametrize("where", [
+    "models/other/v1/m.gguf",  # a file inside another model's upload folder
+    "models/reg/v1/m.gguf",  # even inside the folder its own upload would have had
+    "models/m.gguf",  # at the top of the uploads tree
+])
+def test_deleting_a_registered_version_never_deletes_files_even_under_media_root(media_root, where):
+    from webapp.registry.services import modelversion_delete, modelversion_register_path
+
+    checkpoint = _gguf(Path(media_root) / where)
+    neighbour = _gguf(checkpoint.parent / "neighbour.gguf")
+    version = modelversion_register_path(model_slug="reg", path=str(checkpoint))
+
+    modelversion_delete(version=version)
+
+    assert not ModelVersion.objects.filter(pk=version.pk).exists()
+    assert checkpoint.is_file() and neighbour.is_file()
+
+
+def test_deleting_a_registered_directory_under_media_root_leaves_it(media_root, hf_dir):
+    import shutil
+
+    from webapp.registry.services import modelversion_delete
+
+    folder = Path(media_root) / "models" / "reg"  # a model's whole uploads folder, registered as a checkpoint
+    shutil.copytree(hf_dir, folder)
+    upload = _gguf(folder / "v1" / "m.gguf")
+    version = modelversion_create(model=model_create(slug="reg"), path=folder)
+
+    modelversion_delete(version=version)
+
+    assert (folder / "config.json").is_file() and upload.is_file()
+
+
+def test_deleting_an_uploaded_version_removes_only_its_own_folder_and_tokenizer_export(media_root):
+    from webapp.registry.services import modelversion_delete, tokenizer_dir_for, upload_dir_for
+
+    model = model_create(slug="up")
+    kept = ModelVersion.objects.create(model=model, number=1, format="gguf", is_uploaded=True,
+                                       path=str(_gguf(Path(media_root) / "models/up/v1/a.gguf")))
+    doomed = ModelVersion.objects.create(model=model, number=2, format="gguf", is_uploaded=True,
+                                         path=str(_gguf(Path(media_root) / "models/up/v2/b.gguf")))
+    export = tokenizer_dir_for(doomed)
+    export.mkdir(parents=True)
+    (export / "tokenizer.json").write_text("{}")
+
+    modelversion_delete(version=doomed)
+
+    assert not upload_dir_for(doomed).exists() and not export.exists()
+    assert Path(kept.path).is_file()
+
+
+def test_an_uploaded_version_whose_path_left_its_folder_deletes_nothing(media_root):
+    from webapp.registry.services import modelversion_delete
+
+    elsewhere = _gguf(Path(media_root) / "models/up/v7/c.gguf")  # another version's folder
+    own_folder = _gguf(Path(media_root) / "models/up/v1/keep.gguf").parent
+    version = ModelVersion.objects.create(model=model_create(slug="up"), number=1, format="gguf",
+                                          is_uploaded=True, path=str(elsewhere))
+
+    modelversion_delete(version=version)
+
+    assert elsewhere.is_file() and (own_folder / "keep.gguf").is_file()

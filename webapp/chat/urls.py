@@ -3,6 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from webapp.accounts.views import LoginView
 from webapp.chat import views
 
 app_name = "chat"
@@ -12,6 +13,6 @@ urlpatterns = [
     path("c/<int:conversation_id>/", views.chat_page, name="conversation"),
     path("c/<int:conversation_id>/rename", views.conversation_rename_view, name="conversation-rename"),
     path("c/<int:conversation_id>/delete", views.conversation_delete_view, name="conversation-delete"),
-    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -5,15 +5,14 @@ Under Daphne, SIGTERM/SIGINT drains running requests before the process exits (w
 
 import os
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.local")
+# Unset: the self-hosting settings (DEBUG off), never the development ones.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.serve")
 
 # Django must be set up before anything that imports models (consumers, auth middleware).
-# Daphne also serves /static/ (found as runserver finds it, whatever DEBUG says): the chat page's
-# scripts and styles need no separate web server in a self-hosted install.
-django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
+# /static/ is served by WhiteNoise inside Django's middleware (webapp/config/static_files.py).
+django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

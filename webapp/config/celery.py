@@ -8,7 +8,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.serve")
 
 app = Celery("pagoda")
 app.config_from_object("django.conf:settings", namespace="CELERY")

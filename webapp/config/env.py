@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -26,6 +28,52 @@ def env_bool(environ: dict[str, str], name: str, default: bool) -> bool:
 def env_list(environ: dict[str, str], name: str, default: str) -> list[str]:
     raw = environ.get(name, default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def proxy_ssl_header(raw: str) -> tuple[str, str] | None:
+    """SECURE_PROXY_SSL_HEADER from ``"X-Forwarded-Proto: https"``; empty means no proxy."""
+    if not raw.strip():
+        return None
+    name, sep, value = raw.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER must read 'Header-Name: value', got {raw!r}")
+    return "HTTP_" + name.strip().upper().replace("-", "_"), value.strip()
+
+
+def data_dir(environ: dict[str, str]) -> Path:
+    """Where this user's Pagoda keeps what must not live in the repository (the secret key):
+    ``$PAGODA_DATA_DIR``, else ``$XDG_DATA_HOME/pagoda``, else ``~/.local/share/pagoda``."""
+    if environ.get("PAGODA_DATA_DIR"):
+        return Path(environ["PAGODA_DATA_DIR"]).expanduser()
+    xdg = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg).expanduser() / "pagoda"
+
+
+def secret_key_from_file(path: Path) -> str:
+    """The key stored at ``path``; created on first use (random, readable by its owner only).
+
+    Two processes starting together both end up with the same key: the new file is written
+    aside and linked into place, which fails for the second one, who then reads the winner's.
+    """
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        finally:
+            aside.unlink()
+        key = path.read_text().strip()
+    if len(key) < 32:
+        raise ImproperlyConfigured(f"{path} holds no usable secret key (fewer than 32 characters); "
+                                   "delete it to have a new one generated")
+    return key
 
 
 def database_from_url(url: str | None, sqlite_path: Path) -> dict:

@@ -4,6 +4,6 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.serve")
 
 application = get_wsgi_application()

@@ -15,6 +15,16 @@ from webapp.console.selectors import models_without_worker, worker_rows
 from webapp.usage.selectors import GROUPS, RAW_ONLY_GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_totals_by
 
 DEFAULT_DAYS = 30
+# A cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets
+# (tab and CR too, which some strip first); model names and `user` strings are client-chosen.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """``value`` as a spreadsheet shows it and never runs: risky text gets a leading quote (OWASP)."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 @staff_required
@@ -78,5 +88,5 @@ def usage_csv(request):
     writer = csv.writer(response)
     writer.writerow([group, *TOTAL_COLUMNS])
     for row in usage_totals_by(group=group, since=since):
-        writer.writerow([_label(row, group), *(row[column] or 0 for column in TOTAL_COLUMNS)])
+        writer.writerow([csv_cell(_label(row, group)), *(row[column] or 0 for column in TOTAL_COLUMNS)])
     return response

@@ -34,6 +34,9 @@ class ModelVersion(models.Model):
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()  # 1, 2, ... per model
     path = models.CharField(max_length=1024)
+    # Stored by Pagoda (an upload, under MEDIA_ROOT/models/<slug>/v<number>/): its files go with the
+    # version. False for a registered path, whose files are never deleted, wherever they are.
+    is_uploaded = models.BooleanField(default=False)
     format = models.CharField(max_length=8, choices=Format.choices)
     # EngineConfig keyword arguments (validated by registry.engine_settings).
     engine_settings = models.JSONField(default=dict, blank=True)

@@ -104,6 +104,7 @@ def modelversion_upload(*, model_slug: str, uploaded_file, engine_settings: dict
             path = move_into_place(checkpoint, models_dir / f"v{number}")
             version = ModelVersion.objects.create(
                 model=model, number=number, path=str(path.resolve()), format=checkpoint_format(path),
+                is_uploaded=True,
                 engine_settings=engine_settings, status=ModelVersion.Status.VALIDATING, step="queued",
                 validation={"convert_dtype": convert_dtype} if convert_dtype else {})
             transaction.on_commit(lambda: _queue_validation(version.pk))
@@ -144,18 +145,32 @@ def _queue_validation(version_id: int) -> None:
     enqueue(validate_model_version, version_id)
 
 
+def upload_dir_for(version: ModelVersion) -> Path:
+    """Where modelversion_upload stores a version's files (its path is this folder or a file in it)."""
+    return Path(settings.MEDIA_ROOT) / "models" / version.model.slug / f"v{version.number}"
+
+
 def modelversion_delete(*, version: ModelVersion) -> None:
-    """Forget a version and remove its uploaded files; refused while it is served."""
+    """Forget a version and remove the files Pagoda stored for it; refused while it is served.
+
+    Only an upload's own folder (MEDIA_ROOT/models/<slug>/v<n>/, and only when the version's path
+    is inside it) and its tokenizer export are removed. A registered path is left in place even
+    when it lies under MEDIA_ROOT, e.g. another version's upload folder or the whole models/ tree.
+    """
     version.refresh_from_db(fields=["status"])
     if version.status == ModelVersion.Status.ACTIVE:
         raise ValidationError(f"{version} is active; deactivate it before deleting it",
                               code="version_active")
-    uploads_dir = (Path(settings.MEDIA_ROOT) / "models").resolve()
-    stored = Path(version.path)
-    version_dir = stored.parent if stored.is_file() else stored
+    doomed = [tokenizer_dir_for(version)]
+    if version.is_uploaded:
+        upload_dir = upload_dir_for(version).resolve()
+        stored = Path(version.path).resolve()
+        uploads_root = (Path(settings.MEDIA_ROOT) / "models").resolve()
+        if uploads_root in upload_dir.parents and (stored == upload_dir or upload_dir in stored.parents):
+            doomed.append(upload_dir)
     version.delete()
-    if uploads_dir in version_dir.parents:  # only files we stored ourselves, never a registered path
-        shutil.rmtree(version_dir, ignore_errors=True)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def tokenizer_dir_for(version: ModelVersion) -> Path:

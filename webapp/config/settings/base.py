@@ -8,12 +8,12 @@ the Celery broker; DATABASE_URL usually points at PostgreSQL.
 import os
 from pathlib import Path
 
-from webapp.config.env import database_from_url, env_bool, env_list
+from webapp.config.env import database_from_url, env_list
 
 BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root, where manage.py lives
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-DEBUG = env_bool(os.environ, "DEBUG", False)
+DEBUG = False  # only the local (development) settings read DEBUG from the environment
 ALLOWED_HOSTS = env_list(os.environ, "ALLOWED_HOSTS", "127.0.0.1,localhost")
 PORT = int(os.environ.get("PORT", "8000"))
 
@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "webapp.accounts",
     "webapp.monitoring",
     "webapp.registry",
     "webapp.keys",
@@ -37,7 +38,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that its headers (nosniff, Referrer-Policy, COOP) and the CSP reach static files too.
     "django.middleware.security.SecurityMiddleware",
+    "webapp.config.security.ContentSecurityPolicyMiddleware",
+    "webapp.config.static_files.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -83,13 +87,40 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Served by the web process itself (WhiteNoise, webapp/config/static_files.py) whatever DEBUG says,
+# straight from the finders: a self-hosted install needs neither collectstatic nor a file server.
 STATIC_URL = "static/"
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_ALLOW_ALL_ORIGINS = False  # nothing cross-origin loads them
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 MEDIA_URL = "media/"
 MEDIA_ROOT = BASE_DIR / "media"
 
+# Headers on every response (Django's defaults, stated: the README's "Security defaults").
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True  # no page script reads the token from the cookie
+
 REDIS_URL = os.environ.get("REDIS_URL") or None
+
+# The cache holds login throttling counters (webapp/accounts/throttle.py): shared by every web
+# process through Redis in distributed mode, per process in embedded mode (there is one).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5}}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# Login throttling: this many failed logins within PAGODA_LOGIN_WINDOW_S for one username, or
+# from one client address, refuse further attempts for that username or address (even with the
+# right password) for PAGODA_LOGIN_LOCKOUT_S.
+PAGODA_LOGIN_MAX_FAILURES_PER_USER = int(os.environ.get("PAGODA_LOGIN_MAX_FAILURES_PER_USER", "5"))
+PAGODA_LOGIN_MAX_FAILURES_PER_IP = int(os.environ.get("PAGODA_LOGIN_MAX_FAILURES_PER_IP", "20"))
+PAGODA_LOGIN_WINDOW_S = int(os.environ.get("PAGODA_LOGIN_WINDOW_S", "900"))
+PAGODA_LOGIN_LOCKOUT_S = int(os.environ.get("PAGODA_LOGIN_LOCKOUT_S", "900"))
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -128,6 +159,8 @@ PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", 
 # SIGTERM to the web server: running API requests get this many seconds to finish (embedded
 # workers drain within it), then they are aborted; see webapp/config/shutdown.py.
 PAGODA_DRAIN_TIMEOUT = float(os.environ.get("PAGODA_DRAIN_TIMEOUT", "30"))
+# /readyz names the failing check only to staff, or to a probe sending this in X-Readyz-Token.
+PAGODA_READYZ_TOKEN = os.environ.get("PAGODA_READYZ_TOKEN", "")
 from celery.schedules import crontab  # noqa: E402
 
 CELERY_BEAT_SCHEDULE = {

@@ -1,4 +1,5 @@
-"""Development on one machine: DEBUG on, a throwaway secret key, embedded mode by default."""
+"""Development on one machine (``make dev``, ``manage.py runserver``): DEBUG on unless DEBUG=0,
+a throwaway secret key, embedded mode by default, static files re-read when they change."""
 
 import os
 
@@ -8,3 +9,4 @@ from .base import *  # noqa: F403
 
 SECRET_KEY = os.environ.get("SECRET_KEY") or "django-insecure-local-development-only"
 DEBUG = env_bool(os.environ, "DEBUG", True)
+WHITENOISE_AUTOREFRESH = DEBUG
