@@ -129,12 +129,15 @@ class Site:
         return None
 
 
+READYZ_TOKEN = "e2e-readyz-token"  # /readyz shows its checks to callers sending it (X-Readyz-Token)
+
+
 def make_site(root: Path, extra_env: dict | None = None) -> Site:
     root.mkdir(parents=True, exist_ok=True)
     (root / "e2e_settings.py").write_text(
         "from webapp.config.settings.test import *  # noqa: F403\n"
         f"MEDIA_ROOT = {str(root / 'media')!r}\n")
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "e2e_settings",
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "e2e_settings", "PAGODA_READYZ_TOKEN": READYZ_TOKEN,
            "PYTHONPATH": os.pathsep.join([str(root), str(REPO_ROOT)]),
            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "LOG_LEVEL": "INFO", **(extra_env or {})}
     for name in ("REDIS_URL", "PAGODA_EMBEDDED_WORKERS"):

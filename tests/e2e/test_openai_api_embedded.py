@@ -6,6 +6,7 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import apply_chat_template, load_tokenizer
+from tests.e2e.sites import READYZ_TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ def test_models_lists_both_served_models(client):
 
 
 def test_readyz_is_ready_once_every_active_model_has_a_worker(embedded_site):
-    response = httpx.get(f"{embedded_site.url}/readyz")
+    response = httpx.get(f"{embedded_site.url}/readyz", headers={"X-Readyz-Token": READYZ_TOKEN})
 
     assert response.status_code == 200 and response.json()["checks"]["workers"] == "ok"
 
@@ -144,12 +145,12 @@ def test_wrong_key_is_401_invalid_api_key(embedded_site):
     assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
 
 
-def test_model_outside_the_keys_scope_is_403(embedded_site):
+def test_model_outside_the_keys_scope_is_404_like_an_unknown_one(embedded_site):
     scoped = openai.OpenAI(base_url=f"{embedded_site.url}/v1", api_key=embedded_site.keys["tiny"], max_retries=0)
 
-    with pytest.raises(openai.PermissionDeniedError) as caught:
+    with pytest.raises(openai.NotFoundError) as caught:
         scoped.chat.completions.create(model="smollm2", messages=STORY)
-    assert caught.value.param == "model"
+    assert caught.value.code == "model_not_found" and caught.value.param == "model"
     assert [m.id for m in scoped.models.list()] == ["tiny"]
 
 

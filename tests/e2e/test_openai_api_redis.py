@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from engine.sampling_params import SamplingParams
+from tests.e2e.sites import READYZ_TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def test_an_active_model_without_a_worker_is_503_no_worker(client, redis_site):
 
 
 def test_readyz_names_the_model_no_worker_serves(redis_site):
-    response = httpx.get(f"{redis_site.url}/readyz")
+    response = httpx.get(f"{redis_site.url}/readyz", headers={"X-Readyz-Token": READYZ_TOKEN})
 
     assert response.status_code == 503
     body = response.json()

@@ -34,3 +34,16 @@ def smollm2_hf_tokenizer():
     from engine.tokenizer import load_tokenizer
 
     return load_tokenizer("smollm2")
+
+
+@pytest.fixture
+def workerless_model(db, smollm2_tokenizer_dir, tmp_path):
+    """The active model "tiny" with the bundled tokenizer and no worker: its requests end in no_worker."""
+    from webapp.registry.models import Model, ModelVersion
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    model = Model.objects.create(slug="tiny")
+    ModelVersion.objects.create(model=model, number=1, path=str(gguf), format="gguf", status="active",
+                                tokenizer_dir=str(smollm2_tokenizer_dir))
+    return model

@@ -13,8 +13,16 @@ from workers.protocol import WorkerInfo
 pytestmark = pytest.mark.django_db
 
 
+TOKEN = {"HTTP_X_READYZ_TOKEN": "probe-secret"}
+
+
+@pytest.fixture(autouse=True)
+def readyz_token(settings):
+    settings.PAGODA_READYZ_TOKEN = "probe-secret"
+
+
 def test_readyz_is_ready_with_a_database_and_nothing_to_serve(client):
-    response = client.get("/readyz")
+    response = client.get("/readyz", **TOKEN)
 
     assert response.status_code == 200
     assert response.json() == {"status": "ready",
@@ -25,19 +33,41 @@ def test_readyz_is_503_naming_an_active_model_without_a_worker(client):
     model = Model.objects.create(slug="tiny")
     ModelVersion.objects.create(model=model, number=1, path="/x.gguf", format="gguf", status="active")
 
-    response = client.get("/readyz")
+    response = client.get("/readyz", **TOKEN)
 
     assert response.status_code == 503
     assert response.json()["reasons"] == ["no live worker serves the model 'tiny'"]
 
 
-def test_readyz_is_503_when_the_configured_redis_is_unreachable(client, settings):
+def test_readyz_is_503_when_the_configured_redis_is_unreachable_without_the_drivers_text(client, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    response = client.get("/readyz", **TOKEN)
+
+    assert response.status_code == 503
+    assert response.json()["reasons"] == ["redis unreachable"]
+    assert "127.0.0.1" not in response.content.decode() and "Error" not in response.content.decode()
+
+
+def test_readyz_tells_anonymous_callers_only_ready_or_not(client, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    anonymous = client.get("/readyz")
+    wrong_token = client.get("/readyz", HTTP_X_READYZ_TOKEN="guess")
+    settings.PAGODA_READYZ_TOKEN = ""
+    no_token_configured = client.get("/readyz", HTTP_X_READYZ_TOKEN="")
+
+    for response in (anonymous, wrong_token, no_token_configured):
+        assert (response.status_code, response.json()) == (503, {"status": "unavailable"})
+
+
+def test_readyz_shows_staff_the_failing_checks(client, settings, django_user_model):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    client.force_login(django_user_model.objects.create_user("ops", is_staff=True))
 
     response = client.get("/readyz")
 
-    assert response.status_code == 503
-    assert response.json()["reasons"][0].startswith("redis unreachable")
+    assert response.json()["reasons"] == ["redis unreachable"]
 
 
 def parse(text: str) -> dict:

@@ -82,12 +82,19 @@ def test_unknown_model_gets_404_model_not_found_and_is_recorded(client, served, 
         ("error", "model_not_found", "gpt-9", None)
 
 
-def test_a_model_outside_the_keys_scope_gets_403(client, served, owner):
+def test_a_model_outside_the_keys_scope_answers_exactly_like_an_unknown_one(client, served, owner):
     _, raw = apikey_create(owner=owner, name="tiny only", models=[Model.objects.get(slug="tiny")])
 
-    assert_error(post(client, CHAT, {"model": "other", "messages": HELLO}, raw), 403, "model_not_allowed", "model")
-    assert_error(client.get("/v1/models/other", HTTP_AUTHORIZATION=f"Bearer {raw}"), 403, "model_not_allowed",
-                 "model")
+    def answers(url, body=None, model="other"):
+        response = (post(client, url, {**body, "model": model}, raw) if body is not None
+                    else client.get(f"{url}/{model}", HTTP_AUTHORIZATION=f"Bearer {raw}"))
+        return response.status_code, response.json()["error"]["message"].replace(model, "M")
+
+    for url, body in ((CHAT, {"messages": HELLO}), (COMPLETIONS, {"prompt": "x"}), ("/v1/models", None)):
+        assert answers(url, body) == answers(url, body, model="no-such-model")
+        assert_error(post(client, url, {**body, "model": "other"}, raw) if body else
+                     client.get("/v1/models/other", HTTP_AUTHORIZATION=f"Bearer {raw}"), 404, "model_not_found",
+                     "model")
 
 
 @pytest.mark.parametrize(("url", "body", "param"), [

@@ -10,7 +10,6 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from webapp.keys.services import apikey_create
-from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
@@ -21,13 +20,8 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture
-def key(smollm2_tokenizer_dir, tmp_path):
+def key(workerless_model):
     """A key for the active model "tiny", whose worker is not running."""
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"")
-    model = Model.objects.create(slug="tiny")
-    ModelVersion.objects.create(model=model, number=1, path=str(gguf), format="gguf", status="active",
-                                tokenizer_dir=str(smollm2_tokenizer_dir))
     return apikey_create(owner=get_user_model().objects.create_user("alice"), name="all models")[1]
 
 

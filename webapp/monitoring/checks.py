@@ -1,6 +1,12 @@
-"""Readiness checks: can this process serve API requests right now?"""
+"""Readiness checks: can this process serve API requests right now?
+
+A reason is a fixed sentence (which check failed), never the driver's exception text: that goes to
+the log. /readyz shows the reasons only to staff or a caller presenting PAGODA_READYZ_TOKEN.
+"""
 
 from __future__ import annotations
+
+import logging
 
 from django.conf import settings
 from django.db import connection
@@ -8,6 +14,7 @@ from django.db import connection
 from webapp.registry.selectors import modelversion_list_active
 
 REDIS_TIMEOUT_S = 2.0
+logger = logging.getLogger(__name__)
 
 
 def check_database() -> str | None:
@@ -15,8 +22,9 @@ def check_database() -> str | None:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-    except Exception as exc:  # any driver error means "not ready"
-        return f"database unreachable: {exc}"
+    except Exception:  # any driver error means "not ready"
+        logger.warning("readiness: the database is unreachable", exc_info=True)
+        return "database unreachable"
     return None
 
 
@@ -28,8 +36,9 @@ def check_redis() -> str | None:
     try:
         redis.Redis.from_url(settings.REDIS_URL, socket_timeout=REDIS_TIMEOUT_S,
                              socket_connect_timeout=REDIS_TIMEOUT_S).ping()
-    except Exception as exc:
-        return f"redis unreachable: {exc}"
+    except Exception:
+        logger.warning("readiness: Redis is unreachable", exc_info=True)
+        return "redis unreachable"
     return None
 
 

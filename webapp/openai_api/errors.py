@@ -1,4 +1,8 @@
-"""Errors as OpenAI error objects: ``{"error": {"message", "type", "param", "code"}}`` + status."""
+"""Errors as OpenAI error objects: ``{"error": {"message", "type", "param", "code"}}`` + status.
+
+Clients see stable codes and messages: a failure of ours never shows its exception's class, text
+or traceback (those go to the log).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ import logging
 from django.http import JsonResponse
 from rest_framework.exceptions import ValidationError
 
-from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER, NO_WORKER,
-                              WORKER_LOST, ErrorInfo)
+from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, ERROR_CODES, INTERNAL_ERROR, INVALID_PARAMETER,
+                              NO_WORKER, WORKER_LOST, ErrorInfo)
 
 INVALID_REQUEST = "invalid_request_error"
 logger = logging.getLogger(__name__)
@@ -74,17 +78,27 @@ def server_shutting_down() -> OpenAIError:
 
 
 def model_not_found(name: str) -> OpenAIError:
+    """Also the answer for a model outside the key's scope: a key learns nothing of models it may not use."""
     return OpenAIError(404, f"The model {name!r} does not exist or is not being served.", param="model",
                        code="model_not_found")
 
 
-def model_not_allowed(name: str) -> OpenAIError:
-    return OpenAIError(403, f"This API key may not use the model {name!r}.", type="permission_error",
-                       param="model", code="model_not_allowed")
+def url_not_found(method: str, path: str) -> OpenAIError:
+    """Any /v1/ path no view serves (OpenAI's own words)."""
+    return OpenAIError(404, f"Invalid URL ({method} {path[:200]})", code="unknown_url")
+
+
+def method_not_allowed(method: str, allowed: list[str]) -> OpenAIError:
+    return OpenAIError(405, f"Method {method} is not allowed; use {' or '.join(allowed)}.",
+                       code="method_not_allowed", headers={"Allow": ", ".join(allowed)})
 
 
 def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
-    """A worker-side failure as the client sees it; ``prompt_param`` is "messages" or "prompt"."""
+    """A worker-side failure as the client sees it; ``prompt_param`` is "messages" or "prompt".
+
+    Only refusals meant for the client (a parameter, the context length, no worker) keep the
+    worker's message; a failure of ours gets a stable message, the worker's text goes to the log.
+    """
     if info.code == CONTEXT_LENGTH_EXCEEDED:
         return OpenAIError(400, info.message, param=prompt_param, code=CONTEXT_LENGTH_EXCEEDED)
     if info.code == INVALID_PARAMETER:
@@ -93,9 +107,13 @@ def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
     if info.code == NO_WORKER:
         return OpenAIError(503, f"{info.message}; try again shortly", type="server_error", param="model",
                            code=NO_WORKER)
+    logger.error("request failed on the worker side: %s: %s", info.code, info.message)
     if info.code == WORKER_LOST:
-        return OpenAIError(503, info.message, type="server_error", code=WORKER_LOST)
-    return OpenAIError(500, info.message, type="server_error", code=info.code or INTERNAL_ERROR)
+        return OpenAIError(503, "The worker serving this request stopped before it finished; try again.",
+                           type="server_error", code=WORKER_LOST)
+    code = info.code if info.code in ERROR_CODES else INTERNAL_ERROR
+    return OpenAIError(500, "The server had an error while processing your request.", type="server_error",
+                       code=code)
 
 
 def limit_exceeded(code: str, message: str, retry_after: int | None) -> OpenAIError:

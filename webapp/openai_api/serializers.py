@@ -1,32 +1,106 @@
 """The fields and parameters both completion endpoints validate; each API view's own InputSerializer
 (webapp/openai_api/views.py) adds what is particular to it.
 
-Ranges follow OpenAI's API (e.g. temperature 0..2) so that a request that passes here means what
-it means there; the engine re-validates the sampling parameters it receives.
+Every number and list has a range, refused with a 400 naming the parameter. The sampling ranges
+are the engine's own (``engine.sampling_params.SAMPLING_LIMITS``, read here, never copied), some
+narrowed to OpenAI's (temperature 0..2) so that a request that passes here means what it means
+there; the engine re-validates what it receives. The rest are this API's:
+
+==================== ====================================== =====================================
+parameter            range                                  source
+==================== ====================================== =====================================
+model                a string of at most 200 characters     UsageRecord.model_name
+max_tokens,          1 .. 2**31-1                           engine
+max_completion_tokens
+temperature          0 .. 2                                 OpenAI (engine: 0 .. 100)
+top_p                (0, 1]                                 engine
+top_k                -1 .. 2**31-1 (-1 and 0 disable)       engine
+min_p                0 .. 1                                 engine
+repetition_penalty   (0, 10]                                engine
+presence_penalty,    -2 .. 2                                engine (= OpenAI)
+frequency_penalty
+seed                 -2**63 .. 2**64-1                      engine
+stop                 a string or <= 16 strings, each        engine
+                     <= 1024 characters
+logprobs (completions), top_logprobs (chat)  0 .. 20        engine
+n                    1                                      one choice per request
+priority             -2**31 .. 2**31-1                      int32
+user                 a string of at most 256 characters     UsageRecord.end_user
+messages             1 .. 2048 messages                     OpenAI's cap
+messages[].name      at most 64 characters                  OpenAI
+messages[].content   a string or <= 2048 text parts
+prompt               a non-empty string or 1 .. 2**31-1     engine (ids also below the vocabulary)
+                     token ids, each 0 .. 2**31-1
+==================== ====================================== =====================================
+
+The body itself (webapp/openai_api/body.py): JSON nested at most 32 levels deep, valid Unicode.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from rest_framework import serializers
 
-MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+from engine.sampling_params import MAX_INT32, SAMPLING_LIMITS, Limit
+
+MAX_LOGPROBS = SAMPLING_LIMITS["logprobs"].high
+MAX_STOP_STRINGS = SAMPLING_LIMITS["stop"].max_items
+MAX_MODEL_LENGTH = 200  # UsageRecord.model_name holds it
 MAX_USER_LENGTH = 256  # UsageRecord.end_user holds it
+MAX_MESSAGES = 2048
+MAX_NAME_LENGTH = 64
+MAX_CONTENT_PARTS = 2048
+OPENAI_MAX_TEMPERATURE = 2.0
+PRIORITY_LIMIT = Limit(int, -MAX_INT32 - 1, MAX_INT32)
+TOKEN_ID_LIMIT = SAMPLING_LIMITS["stop_token_ids"]  # 0 .. 2**31-1 per id
 # OpenAI parameters we do not implement: refused when set, so that nobody silently gets less.
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "best_of", "suffix",
                "echo", "audio", "modalities", "prediction", "web_search_options")
 
 
+class LimitField(serializers.Field):
+    """A number inside a ``Limit`` (an engine limit, or a narrower ``high``); JSON numbers only,
+    never strings or booleans, as OpenAI's API does."""
+
+    default_error_messages = {"invalid": "must be {what}"}
+
+    def __init__(self, limit: Limit, *, high: int | float | None = None, **kwargs):
+        if high is not None:
+            limit = dataclasses.replace(limit, high=min(high, limit.high))
+        self.limit = limit
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("allow_null", True)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data) -> int | float:
+        if not self.limit.allows(data):
+            self.fail("invalid", what=self.limit.describe())
+        return float(data) if self.limit.kind is float else data
+
+    def to_representation(self, value):
+        return value
+
+
+def limited(name: str, **kwargs) -> LimitField:
+    """The field for the engine's sampling parameter ``name``, within its published limit."""
+    return LimitField(SAMPLING_LIMITS[name], **kwargs)
+
+
 class StopField(serializers.Field):
+    limit = SAMPLING_LIMITS["stop"]
     default_error_messages = {"invalid": "must be a string or a list of strings",
-                              "too_many": f"at most {MAX_STOP_STRINGS} stop sequences"}
+                              "too_many": f"at most {limit.max_items} stop sequences",
+                              "too_long": f"each stop sequence must be at most {limit.high} characters"}
 
     def to_internal_value(self, data) -> list[str]:
         stops = [data] if isinstance(data, str) else data
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             self.fail("invalid")
-        if len(stops) > MAX_STOP_STRINGS:
+        if len(stops) > self.limit.max_items:
             self.fail("too_many")
+        if any(not self.limit.allows(len(s)) for s in stops):
+            self.fail("too_long")
         return stops
 
     def to_representation(self, value):
@@ -48,6 +122,7 @@ class MessageContentField(serializers.Field):
     """A string, or OpenAI content parts of which only text parts are accepted (joined)."""
 
     default_error_messages = {"invalid": "must be a string or a list of text content parts",
+                              "too_many": f"at most {MAX_CONTENT_PARTS} content parts",
                               "not_text": "only text content parts are supported by this model"}
 
     def to_internal_value(self, data) -> str:
@@ -55,6 +130,8 @@ class MessageContentField(serializers.Field):
             return data
         if not isinstance(data, list) or not all(isinstance(p, dict) for p in data):
             self.fail("invalid")
+        if len(data) > MAX_CONTENT_PARTS:
+            self.fail("too_many")
         if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in data):
             self.fail("not_text")
         return "".join(p["text"] for p in data)
@@ -66,7 +143,8 @@ class MessageContentField(serializers.Field):
 class PromptField(serializers.Field):
     """One prompt: a string or a list of token ids (or either, alone in a list)."""
 
-    default_error_messages = {"invalid": "must be a string or a list of token ids",
+    default_error_messages = {"invalid": "must be a string or a list of token ids "
+                                         f"(integers from 0 to {TOKEN_ID_LIMIT.high})",
                               "many": "only one prompt per request is supported",
                               "empty": "must not be empty"}
 
@@ -79,7 +157,7 @@ class PromptField(serializers.Field):
             if not data:
                 self.fail("empty")
             return data
-        if isinstance(data, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in data):
+        if isinstance(data, list) and all(TOKEN_ID_LIMIT.allows(t) for t in data):
             if not data:
                 self.fail("empty")
             return data
@@ -98,40 +176,30 @@ class SamplingInputSerializer(serializers.Serializer):
 
     default_error_messages = {"invalid": "The request body must be a JSON object."}
 
-    model = serializers.CharField()
-    max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    temperature = serializers.FloatField(min_value=0, max_value=2, required=False, allow_null=True)
-    top_p = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    model = StrictCharField(max_length=MAX_MODEL_LENGTH)
+    max_tokens = limited("max_tokens")
+    temperature = limited("temperature", high=OPENAI_MAX_TEMPERATURE)
+    top_p = limited("top_p")
     n = serializers.IntegerField(required=False, allow_null=True)
     stop = StopField(required=False, allow_null=True)
-    seed = serializers.IntegerField(required=False, allow_null=True)
-    presence_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
-    frequency_penalty = serializers.FloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    seed = limited("seed")
+    presence_penalty = limited("presence_penalty")
+    frequency_penalty = limited("frequency_penalty")
     # Who the caller's end user is; kept in the usage record (end_user), never sent to a worker.
     user = StrictCharField(required=False, allow_blank=True, allow_null=True, max_length=MAX_USER_LENGTH,
                            trim_whitespace=False)
     stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     # Extensions (vLLM's names).
-    top_k = serializers.IntegerField(min_value=-1, required=False, allow_null=True)
-    min_p = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
-    repetition_penalty = serializers.FloatField(min_value=0, max_value=10, required=False, allow_null=True)
+    top_k = limited("top_k")
+    min_p = limited("min_p")
+    repetition_penalty = limited("repetition_penalty")
     ignore_eos = serializers.BooleanField(required=False, allow_null=True)
-    priority = serializers.IntegerField(required=False, allow_null=True)
+    priority = LimitField(PRIORITY_LIMIT)
 
     def validate_n(self, value):
         if value not in (None, 1):
             raise serializers.ValidationError("only n=1 is supported")
-        return value
-
-    def validate_top_p(self, value):
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("must be greater than 0")
-        return value
-
-    def validate_repetition_penalty(self, value):
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("must be greater than 0")
         return value
 
     def validate(self, attrs):
@@ -148,9 +216,11 @@ class SamplingInputSerializer(serializers.Serializer):
 
 
 class ChatMessageSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
+    ROLES = ["system", "developer", "user", "assistant"]
+
+    role = serializers.ChoiceField(choices=ROLES, error_messages={"invalid_choice": f"must be one of {ROLES}"})
     content = MessageContentField(allow_null=True, required=False)
-    name = serializers.CharField(required=False)
+    name = StrictCharField(required=False, max_length=MAX_NAME_LENGTH)
 
     def validate(self, attrs):
         if attrs.get("content") is None and attrs["role"] != "assistant":

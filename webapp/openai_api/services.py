@@ -15,7 +15,7 @@ from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
-from webapp.openai_api.serializers import MAX_USER_LENGTH
+from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
@@ -107,10 +107,8 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     is_chat = endpoint == CHAT
     slug = values["model"]
     version = modelversion_get_active(slug=slug)
-    if version is None:
+    if version is None or not apikey_allows_model(api_key=api_key, model=version.model):
         raise errors.model_not_found(slug)
-    if not apikey_allows_model(api_key=api_key, model=version.model):
-        raise errors.model_not_allowed(slug)
     if not version.tokenizer_dir:
         raise errors.OpenAIError(503, f"the model {slug!r} is still being prepared", type="server_error",
                                  param="model", code="model_not_ready")
@@ -147,18 +145,21 @@ def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool
         error_code=error.code if error is not None else None)
 
 
-def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, error: errors.OpenAIError,
+def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, error: errors.OpenAIError | None,
                     started: float) -> UsageRecord:
-    """Usage record of an authenticated request refused before reaching a worker."""
+    """Usage record of an authenticated request refused before reaching a worker (``error``), or
+    whose client went away before it did (``error`` None: aborted); frees what admission took."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
     end_user = data.get("user") if isinstance(data, dict) and isinstance(data.get("user"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
     apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     latency = time.monotonic() - started
     # Metric labels only name registered models: a client's typo must not add a time series.
-    observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=UsageRecord.Status.ERROR,
+    status = UsageRecord.Status.ERROR if error is not None else UsageRecord.Status.ABORTED
+    observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=status,
                         latency=latency, time_to_first_token=None)
     return usage_record_create(
-        request_id=request_id, endpoint=endpoint, status=UsageRecord.Status.ERROR, latency=latency,
-        api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:200],
-        error_code=error.code or "invalid_request", end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
+        request_id=request_id, endpoint=endpoint, status=status, latency=latency,
+        api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
+        error_code=(error.code or "invalid_request") if error is not None else "",
+        end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")

@@ -1,14 +1,17 @@
-"""The OpenAI-compatible API's explicit v1/ paths, one view per operation."""
+"""The OpenAI-compatible API's explicit v1/ paths, one view per operation; any other v1/ path
+answers an OpenAI error object (404), never the site's HTML page."""
 
-from django.urls import path
+from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from webapp.openai_api import views
 
 # API keys, not cookies, authenticate these endpoints, so CSRF protection does not apply.
 urlpatterns = [
+    path("v1/openapi.json", views.openapi_schema, name="openapi-schema"),
     path("v1/models", views.ModelListApi.as_view(), name="model-list"),
     path("v1/models/<str:model>", views.ModelRetrieveApi.as_view(), name="model-retrieve"),
     path("v1/chat/completions", csrf_exempt(views.ChatCompletionCreateApi.as_view()), name="chat-completion-create"),
     path("v1/completions", csrf_exempt(views.CompletionCreateApi.as_view()), name="completion-create"),
+    re_path(r"^v1(?:/|$)", views.unknown_url, name="v1-unknown"),
 ]

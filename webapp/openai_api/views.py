@@ -3,13 +3,13 @@ makes one service call (the models list and retrieve through DRF, the completion
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import APIException, ValidationError
@@ -17,13 +17,14 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from webapp.config.shutdown import shutting_down
-from webapp.keys.enforcement import apikey_release
+from webapp.config.shutdown import shutting_down, track, tracked, untrack
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
+from webapp.openai_api.body import body_parse
 from webapp.openai_api.generation import generation_respond
-from webapp.openai_api.serializers import (MAX_LOGPROBS, ChatMessageSerializer, PromptField,
-                                          SamplingInputSerializer)
+from webapp.openai_api.schema import openapi_document
+from webapp.openai_api.serializers import (MAX_MESSAGES, ChatMessageSerializer, PromptField,
+                                          SamplingInputSerializer, limited)
 from webapp.openai_api.services import (CHAT, COMPLETIONS, api_key_from_header, generation_admit,
                                         new_request_id, request_refused)
 from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
@@ -39,12 +40,12 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 
 def openai_exception_handler(exc, context):
-    if isinstance(exc, errors.OpenAIError):
-        return Response(exc.to_dict(), status=exc.status)
-    if isinstance(exc, APIException):
-        error = errors.OpenAIError(exc.status_code, str(exc.detail), code=exc.default_code)
-        return Response(error.to_dict(), status=exc.status_code)
-    return None
+    """Every exception of the DRF views as an OpenAI error object; a failure of ours says only that."""
+    if isinstance(exc, APIException):  # DRF's own (405, 406...): their fixed messages
+        exc = errors.OpenAIError(exc.status_code, str(exc.detail), code=exc.default_code)
+    elif not isinstance(exc, errors.OpenAIError):
+        exc = errors.internal_error(exc)
+    return Response(exc.to_dict(), status=exc.status, headers=exc.headers)
 
 
 class OpenAIApiView(APIView):
@@ -76,10 +77,8 @@ class ModelRetrieveApi(OpenAIApiView):
 
     def get(self, request, model: str):
         version = modelversion_get_active(slug=model)
-        if version is None:
+        if version is None or not apikey_allows_model(api_key=request.auth, model=version.model):
             raise errors.model_not_found(model)
-        if not apikey_allows_model(api_key=request.auth, model=version.model):
-            raise errors.model_not_allowed(model)
         return Response(_model_object(version))
 
 
@@ -93,6 +92,12 @@ class CompletionApiBase(View):
     first (401, no usage record), and any refusal after that (a bad body, a limit, the server
     shutting down, the subclass's InputSerializer, an unknown model) leaves as an OpenAI error
     object with a usage record named by the response's X-Request-Id.
+
+    From the key check on, the request is listed with config.shutdown's ``track`` until exactly one
+    usage record is written: by generation_respond once the request reaches the engine, else here,
+    whatever ends it: a refusal, a failure of ours, or the client hanging up (Django cancels this
+    task) while the body is checked, the request admitted or tokenized. Writing it releases what
+    admission took (the key's concurrency slot).
     """
 
     endpoint: str
@@ -107,19 +112,20 @@ class CompletionApiBase(View):
             self.api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
         except errors.OpenAIError as exc:
             return exc.response()
+        track(self.request_id, asyncio.current_task(), cut=lambda: self.account(None))
         try:
             return await self.post(request)
         except (errors.OpenAIError, ValidationError) as exc:
             error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
-            await sync_to_async(request_refused)(request_id=self.request_id, endpoint=self.endpoint,
-                                                 api_key=self.api_key, data=self.body, error=error,
-                                                 started=self.started)
-            response = error.response()
-            response["X-Request-Id"] = self.request_id  # names its usage record
-            return response
+        except asyncio.CancelledError:  # the client went away (or the server is shutting down)
+            await self.account(None)
+            raise
         except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
-            await sync_to_async(apikey_release)(api_key=self.api_key, request_id=self.request_id)
-            return errors.internal_error(exc).response()
+            error = errors.internal_error(exc)
+        await self.account(error)
+        response = error.response()
+        response["X-Request-Id"] = self.request_id  # names its usage record
+        return response
 
     async def post(self, request: HttpRequest) -> HttpResponse:
         await self.admit(request)
@@ -130,23 +136,27 @@ class CompletionApiBase(View):
 
     async def admit(self, request: HttpRequest) -> None:
         """Parse the body into ``self.body`` and let the key's limits admit the request; OpenAIError if not."""
-        try:
-            self.body = json.loads(request.body)
-        except RequestDataTooBig:
-            raise errors.OpenAIError(413, "The request body is too large.", code="request_too_large") from None
-        except ValueError:
-            self.body = None
-        if self.body is None:
-            raise errors.invalid_parameter(None, "We could not parse the JSON body of your request.")
+        self.body = body_parse(request)
         if shutting_down():
             raise errors.server_shutting_down()
         await sync_to_async(generation_admit)(api_key=self.api_key, request_id=self.request_id)
 
+    async def account(self, error: errors.OpenAIError | None) -> None:
+        """Write the usage record of a request that did not reach the engine (``error`` None: the
+        client left), unless one is written already: a generation records its own."""
+        entry = tracked(self.request_id)
+        if entry is None or entry.finishing:
+            return
+        entry.finishing = True
+        try:  # cancelled again meanwhile, the thread still writes the record
+            await sync_to_async(request_refused)(request_id=self.request_id, endpoint=self.endpoint,
+                                                 api_key=self.api_key, data=self.body, error=error,
+                                                 started=self.started)
+        finally:
+            untrack(self.request_id, entry)
+
     def http_method_not_allowed(self, request, *args, **kwargs):
-        response = errors.OpenAIError(405, f"Method {request.method} is not allowed; use POST.",
-                                      code="method_not_allowed").response()
-        response["Allow"] = "POST"
-        return response
+        return errors.method_not_allowed(request.method, ["POST"]).response()
 
 
 class ChatCompletionCreateApi(CompletionApiBase):
@@ -155,11 +165,10 @@ class ChatCompletionCreateApi(CompletionApiBase):
     endpoint = CHAT
 
     class InputSerializer(SamplingInputSerializer):
-        messages = ChatMessageSerializer(many=True, allow_empty=False)
-        max_completion_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+        messages = ChatMessageSerializer(many=True, allow_empty=False, max_length=MAX_MESSAGES)
+        max_completion_tokens = limited("max_tokens")
         logprobs = serializers.BooleanField(required=False, allow_null=True)
-        top_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False,
-                                                allow_null=True)
+        top_logprobs = limited("logprobs")
 
         def validate(self, attrs):
             attrs = super().validate(attrs)
@@ -175,4 +184,19 @@ class CompletionCreateApi(CompletionApiBase):
 
     class InputSerializer(SamplingInputSerializer):
         prompt = PromptField()
-        logprobs = serializers.IntegerField(min_value=0, max_value=MAX_LOGPROBS, required=False, allow_null=True)
+        logprobs = limited("logprobs")
+
+
+@csrf_exempt
+def unknown_url(request: HttpRequest) -> HttpResponse:
+    """Any v1/ path no view above serves, whatever the method."""
+    return errors.url_not_found(request.method, request.path).response()
+
+
+@csrf_exempt
+def openapi_schema(request: HttpRequest) -> HttpResponse:
+    """GET v1/openapi.json: the /v1 endpoints and their parameters' ranges, built from the InputSerializers."""
+    if request.method not in ("GET", "HEAD"):
+        return errors.method_not_allowed(request.method, ["GET"]).response()
+    return JsonResponse(openapi_document({"/v1/chat/completions": ChatCompletionCreateApi.InputSerializer,
+                                          "/v1/completions": CompletionCreateApi.InputSerializer}))

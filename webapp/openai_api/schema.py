@@ -1,0 +1,124 @@
+"""The OpenAPI 3.1 document of the /v1 endpoints (GET v1/openapi.json), built from the views'
+InputSerializers, so each parameter's published range is the one the API checks.
+
+Clients and the fuzzing suite (tests/webapp/test_openai_api_fuzz.py) read it; an error of any
+endpoint is the ``Error`` object, whatever its status.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, LimitField, MessageContentField, PromptField,
+                                          StopField, TOKEN_ID_LIMIT)
+
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def _string(max_length: int | None = None, min_length: int | None = None) -> dict:
+    schema: dict = {"type": "string"}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    if min_length:
+        schema["minLength"] = min_length
+    return schema
+
+
+def _limit(field: LimitField) -> dict:
+    limit = field.limit
+    schema = {"type": "integer" if limit.kind is int else "number", "maximum": limit.high,
+              "exclusiveMinimum" if limit.low_exclusive else "minimum": limit.low}
+    return schema
+
+
+def field_schema(field: serializers.Field) -> dict:
+    """JSON Schema of one InputSerializer field (nullable when the field allows null)."""
+    if isinstance(field, serializers.ListSerializer):
+        schema = {"type": "array", "items": field_schema(field.child)}
+        if not field.allow_empty:
+            schema["minItems"] = 1
+        if field.max_length is not None:
+            schema["maxItems"] = field.max_length
+    elif isinstance(field, serializers.Serializer):
+        schema = object_schema(field)
+    elif isinstance(field, LimitField):
+        schema = _limit(field)
+    elif isinstance(field, StopField):
+        one = _string(field.limit.high)
+        schema = {"anyOf": [one, {"type": "array", "maxItems": field.limit.max_items, "items": one}]}
+    elif isinstance(field, MessageContentField):
+        part = {"type": "object", "required": ["type", "text"],
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+        schema = {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": MAX_CONTENT_PARTS, "items": part}]}
+    elif isinstance(field, PromptField):
+        ids = {"type": "array", "minItems": 1,
+               "items": {"type": "integer", "minimum": TOKEN_ID_LIMIT.low, "maximum": TOKEN_ID_LIMIT.high}}
+        text = _string(min_length=1)
+        schema = {"anyOf": [text, ids, {"type": "array", "minItems": 1, "maxItems": 1, "items": text},
+                            {"type": "array", "minItems": 1, "maxItems": 1, "items": ids}]}
+    elif isinstance(field, serializers.ChoiceField):
+        schema = {"type": "string", "enum": list(field.choices)}
+    elif isinstance(field, serializers.BooleanField):
+        schema = {"type": "boolean"}
+    elif isinstance(field, serializers.IntegerField):  # n: one choice per request
+        schema = {"type": "integer", "minimum": 1, "maximum": 1}
+    elif isinstance(field, serializers.CharField):
+        schema = _string(field.max_length, 0 if field.allow_blank else 1)
+    else:
+        schema = {}
+    if field.allow_null and "type" in schema:
+        schema["type"] = [schema["type"], "null"]
+    elif field.allow_null:
+        schema = {"anyOf": [schema, {"type": "null"}]}
+    if field.help_text:
+        schema["description"] = str(field.help_text)
+    return schema
+
+
+def object_schema(serializer: serializers.Serializer) -> dict:
+    fields = serializer.fields
+    schema = {"type": "object", "properties": {name: field_schema(f) for name, f in fields.items()}}
+    required = [name for name, f in fields.items() if f.required]
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _errors_only(description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _operation(summary: str, operation_id: str, ok: dict, body: dict | None = None,
+               parameters: list | None = None) -> dict:
+    operation = {"summary": summary, "operationId": operation_id, "security": [{"bearer": []}],
+                 "responses": {"200": ok, "default": _errors_only("An OpenAI error object")}}
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+def openapi_document(completion_serializers: dict[str, type[serializers.Serializer]]) -> dict:
+    """The document; ``completion_serializers`` maps each POST path to its view's InputSerializer."""
+    obj = {"type": "object"}
+    completion_ok = {"description": "The completion, or its stream of server-sent events when stream is true",
+                     "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": {"type": "string"}}}}
+    paths = {
+        "/v1/models": {"get": _operation("The served models this key may use", "listModels",
+                                         {"description": "A list of models", "content": {"application/json": {"schema": obj}}})},
+        "/v1/models/{model}": {"get": _operation(
+            "One served model", "retrieveModel", {"description": "The model", "content": {"application/json": {"schema": obj}}},
+            parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}])},
+    }
+    for path, serializer in completion_serializers.items():
+        name = "createChatCompletion" if "chat" in path else "createCompletion"
+        paths[path] = {"post": _operation(name, name, completion_ok, body=object_schema(serializer()))}
+    return {"openapi": "3.1.0",
+            "info": {"title": "Pagoda OpenAI-compatible API", "version": "1"},
+            "paths": paths,
+            "components": {"schemas": {"Error": ERROR},
+                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}}
