@@ -231,3 +231,125 @@ async def test_an_unknown_model_is_refused_before_anything_is_saved(models, sess
 
     assert error["type"] == "error" and error["code"] == "model_not_found" and error["param"] == "model"
     assert await sync_to_async(Message.objects.count)() == 0
+
+
+# Chat users' limits (keys.ChatLimits), enforced by the API keys' own code, and the socket's bounds.
+
+def set_limits(user, **values):
+    from webapp.keys.services import chatlimits_get_or_create
+
+    limits = chatlimits_get_or_create(user=user)
+    for name, value in values.items():
+        if name == "models":
+            limits.models.set(value)
+        else:
+            setattr(limits, name, value)
+    limits.save()
+    return limits
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_frame_gets_an_error_frame_and_the_socket_stays_usable(models, session_cookie,
+                                                                                 chat_worker):
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_to(text_data='{"type": "send", "content": ')
+    error = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.send_to(text_data="[" * 100_000)  # nested too deep for the parser
+    deep = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.send_json_to(turn(content="Hello"))
+    answer = await receive_until(ws, "done", "error")
+    await ws.disconnect()
+
+    assert error["type"] == "error" and error["code"] == "invalid_json"
+    assert deep["code"] in ("invalid_json", "message_too_large")
+    assert answer[-1]["type"] == "done"
+
+
+@pytest.mark.asyncio
+async def test_sockets_per_user_are_bounded_and_the_extra_one_is_told_why(models, alice, session_cookie):
+    await sync_to_async(set_limits)(alice, max_sockets=1)
+    first = communicator(session_cookie)
+    assert (await first.connect())[0]
+    extra = communicator(session_cookie)
+    await extra.connect()
+
+    error = await extra.receive_json_from(timeout=TIMEOUT)
+    closed = await extra.receive_output(timeout=TIMEOUT)
+    await first.disconnect()
+    again = communicator(session_cookie)
+    reconnected = (await again.connect())[0]
+    await again.send_to(text_data="not json")
+    still_open = await again.receive_json_from(timeout=TIMEOUT)
+    await again.disconnect()
+
+    assert error["type"] == "error" and error["code"] == "too_many_connections"
+    assert closed == {"type": "websocket.close", "code": 4429}
+    assert reconnected and still_open["code"] == "invalid_json"  # the closed socket gave its place back
+
+
+@pytest.mark.asyncio
+async def test_a_message_over_the_size_limit_is_refused_and_not_saved(models, alice, session_cookie):
+    await sync_to_async(set_limits)(alice, max_message_chars=20)
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="x" * 21))
+    error = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.send_to(text_data="y" * 10_000)  # a frame far beyond what 20 characters need
+    frame = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.disconnect()
+
+    assert error["code"] == "message_too_large" and error["param"] == "content"
+    assert frame["code"] == "message_too_large"
+    assert await sync_to_async(Message.objects.count)() == 0
+
+
+@pytest.mark.asyncio
+async def test_a_model_outside_the_users_scope_reads_as_unknown(models, alice, session_cookie):
+    nobody = await sync_to_async(Model.objects.get)(slug="nobody")
+    await sync_to_async(set_limits)(alice, models=[nobody])
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Hi"))
+    error = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.disconnect()
+
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+@pytest.mark.asyncio
+async def test_chat_turns_are_held_to_the_users_budget_and_request_rate(models, alice, session_cookie,
+                                                                        chat_worker):
+    from webapp.keys.models import ChatLimits
+
+    await sync_to_async(set_limits)(alice, token_budget=200, max_requests_per_minute=2)
+    ws = communicator(session_cookie)
+    assert (await ws.connect())[0]
+    await ws.send_json_to(turn(content="Hello"))
+    first = await receive_until(ws, "done", "error")
+    await ws.send_json_to(turn(content="Again", max_tokens=500))  # worst case over the budget
+    over_budget = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.send_json_to(turn(content="Third"))
+    second = await receive_until(ws, "done", "error")
+    await ws.send_json_to(turn(content="Fourth"))
+    over_rate = await ws.receive_json_from(timeout=TIMEOUT)
+    await ws.disconnect()
+    limits = await sync_to_async(ChatLimits.objects.get)(user=alice)
+
+    usage = [t[-1]["usage"] for t in (first, second)]
+    assert first[-1]["type"] == second[-1]["type"] == "done"
+    assert over_budget["code"] == "budget_exhausted" and "retry_after" not in over_budget
+    assert over_rate["code"] == "rate_limit_exceeded" and 1 <= over_rate["retry_after"] <= 60
+    assert limits.tokens_used == sum(u["prompt_tokens"] + u["completion_tokens"] for u in usage)
+    assert limits.tokens_reserved == 0
+    # The refused turns saved nothing: two questions, two answers.
+    assert await sync_to_async(Message.objects.count)() == 4
+
+
+@pytest.mark.asyncio
+async def test_a_deactivated_user_cannot_open_the_socket(models, alice, session_cookie):
+    await sync_to_async(get_user_model().objects.filter(pk=alice.pk).update)(is_active=False)
+    ws = communicator(session_cookie)
+    connected, code = await ws.connect()
+
+    assert not connected and code == 4401

@@ -144,3 +144,45 @@ def test_anonymous_go_to_login_and_non_staff_are_refused(client, owner, method, 
     api_key.refresh_from_db()
     assert not api_key.is_revoked and api_key.max_requests_per_minute is None
     assert ApiKey.objects.count() == 1 and apikey_get_usable(raw_key=raw_key) is not None
+
+
+def test_the_right_to_set_priority_is_off_by_default_and_toggled_with_the_limits(staff_client, owner):
+    _create(staff_client, owner)
+    api_key = ApiKey.objects.get()
+    assert not api_key.can_set_priority
+
+    staff_client.post(reverse("console:key-limits", args=[api_key.pk]), {"can_set_priority": "on"})
+    api_key.refresh_from_db()
+    assert api_key.can_set_priority
+    staff_client.post(reverse("console:key-limits", args=[api_key.pk]), {})  # an unticked box
+    api_key.refresh_from_db()
+    assert not api_key.can_set_priority
+
+
+def test_chat_limits_page_shows_the_defaults_and_saves_limits_and_models(staff_client, owner):
+    from webapp.keys.models import CHAT_DEFAULT_MAX_SOCKETS, ChatLimits
+
+    tiny = _served_model("tiny")
+    page = staff_client.get(reverse("console:chat-limits"))
+    assert page.status_code == 200 and "ann" in page.content.decode()
+    assert ChatLimits.objects.get(user=owner).max_sockets == CHAT_DEFAULT_MAX_SOCKETS
+
+    staff_client.post(reverse("console:chat-limits-save", args=[owner.pk]), {
+        "max_requests_per_minute": "5", "max_tokens_per_minute": "", "max_concurrent_requests": "1",
+        "token_budget": "1000", "max_sockets": "2", "max_message_chars": "500", "models": [tiny.pk]})
+    limits = ChatLimits.objects.get(user=owner)
+
+    assert (limits.max_requests_per_minute, limits.max_tokens_per_minute, limits.max_concurrent_requests,
+            limits.token_budget, limits.max_sockets, limits.max_message_chars) == (5, None, 1, 1000, 2, 500)
+    assert list(limits.models.all()) == [tiny]
+
+
+def test_chat_limits_refuse_an_unbounded_socket_count_and_need_staff(staff_client, client, owner):
+    from webapp.keys.models import ChatLimits
+
+    response = staff_client.post(reverse("console:chat-limits-save", args=[owner.pk]), {
+        "max_sockets": "", "max_message_chars": "500"}, follow=True)
+    assert "not changed" in response.content.decode()
+    assert ChatLimits.objects.get(user=owner).max_sockets != 0
+    client.force_login(owner)
+    assert client.get(reverse("console:chat-limits")).status_code == 403

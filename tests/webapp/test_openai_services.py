@@ -22,7 +22,7 @@ def api_key(smollm2_tokenizer_dir, tmp_path):
     gguf.write_bytes(b"")
     ModelVersion.objects.create(model=Model.objects.create(slug="smol"), number=1, path=str(gguf), format="gguf",
                                 status="active", tokenizer_dir=str(smollm2_tokenizer_dir))
-    return apikey_create(owner=get_user_model().objects.create_user("alice"), name="k")[0]
+    return apikey_create(owner=get_user_model().objects.create_user("alice"), name="k", can_set_priority=True)[0]
 
 
 def prepare(api_key, endpoint, data):

@@ -7,13 +7,21 @@ Server -> page: {"type": "start", ...}, {"type": "delta", "text"}, {"type": "don
 
 One generation at a time per socket, run as a task: "stop" and a closed socket cancel it, and
 closing the EngineClient iterator (aclosing) aborts the request in the engine.
+
+Bounds, from the user's ChatLimits: at most ``max_sockets`` open sockets per user (one more is
+accepted only to be told {"type": "error", "code": "too_many_connections"} and closed with
+TOO_MANY_SOCKETS); a frame larger than the message size allows, or one that is not JSON, is
+answered with an error frame ("message_too_large", "invalid_json") and the socket stays usable.
+Turns are held to the same limits as API keys (chat.services.turn_prepare).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+import uuid
 from contextlib import aclosing
 
 from channels.db import database_sync_to_async
@@ -23,12 +31,26 @@ from django.conf import settings
 from webapp.chat.selectors import message_to_dict
 from webapp.chat.services import ChatInputError, Turn, turn_finish, turn_prepare
 from webapp.config.shutdown import shutting_down, track
+from webapp.keys.limits import get_limit_store
+from webapp.keys.services import chatlimits_get_or_create
 from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER
 
 logger = logging.getLogger(__name__)
 NOT_AUTHENTICATED = 4401  # close code the page reads as "log in again"
+TOO_MANY_SOCKETS = 4429  # close code: the user has max_sockets chat sockets open already
+# A frame carries the message and the system prompt, each up to max_message_chars characters, as
+# JSON (a character is at most 12 bytes escaped), plus the settings around them.
+FRAME_OVERHEAD_BYTES = 4096
+
+
+def max_frame_bytes(max_message_chars: int) -> int:
+    return 2 * 12 * max_message_chars + FRAME_OVERHEAD_BYTES
+
+
+def _sockets_name(limits) -> str:
+    return f"{limits.counter_name}:sockets"
 
 
 def _error_text(code: str, message: str, model: str) -> str:
@@ -41,16 +63,64 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
         self.task: asyncio.Task | None = None
+        self.turn: Turn | None = None
+        self.socket_id = uuid.uuid4().hex
+        self.limits = None
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=NOT_AUTHENTICATED)
             return
+        limits = await database_sync_to_async(chatlimits_get_or_create)(user=self.user)
         await self.accept()
+        if not await self._hold_socket(limits):
+            await self.send_json({"type": "error", "code": "too_many_connections",
+                                  "message": f"You have {limits.max_sockets} chat connections open already; "
+                                             f"close a tab and reload."})
+            await self.close(code=TOO_MANY_SOCKETS)
+            return
+        self.limits = limits
+
+    async def _hold_socket(self, limits) -> bool:
+        """Take (or refresh: a slot expires after limits.SLOT_TTL_S) this socket's place."""
+        store = get_limit_store()
+        return await database_sync_to_async(store.slot_take)(_sockets_name(limits), self.socket_id,
+                                                             limits.max_sockets, time.time())
 
     async def disconnect(self, code):
         task = getattr(self, "task", None)
         if task is not None and not task.done():
             task.cancel()  # closing the tab aborts the generation
             await asyncio.gather(task, return_exceptions=True)
+        turn = getattr(self, "turn", None)
+        if turn is not None and not turn.is_finished:  # cancelled before it ever ran
+            await database_sync_to_async(turn_finish)(turn=turn, outcome=Outcome(), aborted=True)
+        if getattr(self, "limits", None) is not None:
+            await database_sync_to_async(get_limit_store().slot_release)(_sockets_name(self.limits), self.socket_id)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """A frame: bounded in size and parsed here, so that a bad one gets an error frame, not a crash."""
+        if self.limits is None:
+            return  # refused socket, closing
+        frame = text_data if text_data is not None else bytes_data
+        if frame is None:
+            return
+        limit = max_frame_bytes(self.limits.max_message_chars)
+        if len(frame) > limit:
+            await self.send_json({"type": "error", "code": "message_too_large", "param": None,
+                                  "message": f"This message is too large ({len(frame)} bytes; the most is {limit})."})
+            return
+        try:
+            content = json.loads(frame)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+            await self.send_json({"type": "error", "code": "invalid_json", "param": None,
+                                  "message": "The message is not valid JSON."})
+            return
+        await self._hold_socket(self.limits)
+        try:
+            await self.receive_json(content)
+        except Exception:
+            logger.exception("chat turn failed")
+            await self._send_safely({"type": "error", "code": "internal_error",
+                                     "message": "The server had an error with this message."})
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
@@ -74,9 +144,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except ChatInputError as exc:
             await self.send_json(exc.to_dict())
             return
-        await self.send_json({"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
-                              "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
-                              "user_message": message_to_dict(turn.user_message)})
+        self.turn = turn
+        try:
+            await self.send_json({"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
+                                  "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
+                                  "user_message": message_to_dict(turn.user_message)})
+        except BaseException:
+            await asyncio.shield(database_sync_to_async(turn_finish)(turn=turn, outcome=Outcome(), aborted=True))
+            raise
         # Tracked: a server shutting down waits for the answer (or records it as aborted).
         self.task = asyncio.create_task(self._generate(turn))
         track(turn.request_id, self.task, until_done=True)

@@ -3,7 +3,9 @@
 Synchronous (ORM); the consumer calls these through ``database_sync_to_async``. Tokenizing goes
 through registry.tokenizers (the model's own chat template); the chunks are summed by
 usage.outcome.Outcome and recorded by usage.services.usage_record_finish, exactly as for the
-OpenAI-compatible API.
+OpenAI-compatible API. A turn is held to the user's ChatLimits by the API keys' own enforcement
+(webapp.keys.enforcement): admitted before anything is saved, its worst case reserved once the
+history is tokenized, settled in ``turn_finish``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from django.db import transaction
 
 from webapp.chat.models import Conversation, Message
 from webapp.chat.selectors import conversation_get
+from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
+from webapp.keys.models import ChatLimits
+from webapp.keys.selectors import chatlimits_allows_model
+from webapp.keys.services import chatlimits_get_or_create
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
@@ -32,12 +38,15 @@ ENDPOINT = UsageRecord.Endpoint.CHAT_COMPLETIONS
 class ChatInputError(Exception):
     """A turn the page must refuse; shown to the user as an error message."""
 
-    def __init__(self, code: str, message: str, param: str | None = None):
+    def __init__(self, code: str, message: str, param: str | None = None, retry_after: int | None = None):
         super().__init__(message)
-        self.code, self.message, self.param = code, message, param
+        self.code, self.message, self.param, self.retry_after = code, message, param, retry_after
 
     def to_dict(self) -> dict:
-        return {"type": "error", "code": self.code, "message": self.message, "param": self.param}
+        error = {"type": "error", "code": self.code, "message": self.message, "param": self.param}
+        if self.retry_after is not None:
+            error["retry_after"] = self.retry_after  # seconds, as the API's Retry-After
+        return error
 
 
 @dataclass
@@ -51,6 +60,8 @@ class Turn:
     prompt_token_ids: list[int]
     params: dict  # SamplingParams keyword arguments
     started: float  # time.monotonic()
+    limits: ChatLimits | None = None  # what the turn holds until turn_finish settles it
+    is_finished: bool = False
 
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
@@ -93,21 +104,24 @@ def _sampling_params(data: dict) -> dict:
     return params
 
 
-def _text(data: dict, name: str) -> str:
+def _text(data: dict, name: str, max_chars: int | None = None) -> str:
     value = data.get(name) or ""
     if not isinstance(value, str):
         raise ChatInputError("invalid_parameter", f"{name} must be text", name)
+    if max_chars is not None and len(value) > max_chars:
+        raise ChatInputError("message_too_large", f"This text has {len(value)} characters; the most allowed is "
+                             f"{max_chars}.", name)
     return value
 
 
-def _apply_action(*, user, action: str, data: dict) -> tuple[Conversation, Message]:
+def _apply_action(*, user, action: str, data: dict, max_chars: int) -> tuple[Conversation, Message]:
     """Write the turn's user side: a new message, an edited one, or the last one again."""
     conversation_id = data.get("conversation")
     conversation = conversation_get(user=user, conversation_id=conversation_id) if conversation_id else None
     if conversation_id and conversation is None:
         raise ChatInputError("not_found", "This conversation no longer exists.", "conversation")
     if action == "send":
-        content = _text(data, "content")
+        content = _text(data, "content", max_chars)
         if not content.strip():
             raise ChatInputError("invalid_parameter", "Type a message first.", "content")
         if conversation is None:
@@ -125,7 +139,7 @@ def _apply_action(*, user, action: str, data: dict) -> tuple[Conversation, Messa
             if str(data.get("message", "")).isdigit() else None
         if user_message is None:
             raise ChatInputError("invalid_parameter", "Only your own messages can be edited.", "message")
-        content = _text(data, "content")
+        content = _text(data, "content", max_chars)
         if not content.strip():
             raise ChatInputError("invalid_parameter", "A message cannot be empty.", "content")
         user_message.content = content
@@ -135,48 +149,82 @@ def _apply_action(*, user, action: str, data: dict) -> tuple[Conversation, Messa
     return conversation, user_message
 
 
+def _refused(exc: LimitExceeded) -> ChatInputError:
+    return ChatInputError(exc.code, exc.message, None, exc.retry_after)
+
+
 def turn_prepare(*, user, data: dict, started: float) -> Turn:
-    """Validate a page message, save its user side and tokenize the whole history; ChatInputError if refused."""
+    """Validate a page message, admit it under the user's limits, save its user side, tokenize the
+    whole history and reserve its worst case; ChatInputError if refused (then nothing is held)."""
     action = data.get("type")
     if action not in ACTIONS:
         raise ChatInputError("invalid_parameter", f"unknown message type {action!r}", "type")
+    limits = chatlimits_get_or_create(user=user)
     slug = _text(data, "model")
     version = modelversion_get_active(slug=slug)
-    if version is None:
+    if version is None or not chatlimits_allows_model(limits=limits, model=version.model):
         raise ChatInputError("model_not_found", f"The model {slug!r} is not served.", "model")
     if not version.tokenizer_dir:
         raise ChatInputError("model_not_ready", f"The model {slug!r} is still being prepared.", "model")
     params = _sampling_params(data)
-    system_prompt = _text(data, "system_prompt")
+    system_prompt = _text(data, "system_prompt", limits.max_message_chars)
     tokenizer = load_tokenizer(version.tokenizer_dir)
-    with transaction.atomic():
-        conversation, user_message = _apply_action(user=user, action=action, data=data)
-        conversation.model_name, conversation.system_prompt = slug, system_prompt
-        conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
-        history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-        history += [{"role": m.role, "content": m.content} for m in conversation.messages.all()]
-        try:
-            # The same rendering every turn, so a conversation's earlier turns are a prefix of the
-            # next prompt and the engine's prefix cache serves them.
-            prompt_ids = tokenizer.apply_chat_template(history)
-        except ChatTemplateError as exc:
-            raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
-    return Turn(request_id="chat-" + uuid.uuid4().hex, user=user, conversation=conversation,
+    request_id = "chat-" + uuid.uuid4().hex
+    try:
+        limits_admit(subject=limits, request_id=request_id)
+    except LimitExceeded as exc:
+        raise _refused(exc) from exc
+    try:
+        with transaction.atomic():
+            conversation, user_message = _apply_action(user=user, action=action, data=data,
+                                                       max_chars=limits.max_message_chars)
+            conversation.model_name, conversation.system_prompt = slug, system_prompt
+            conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
+            history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+            history += [{"role": m.role, "content": m.content} for m in conversation.messages.all()]
+            try:
+                # The same rendering every turn, so a conversation's earlier turns are a prefix of the
+                # next prompt and the engine's prefix cache serves them.
+                prompt_ids = tokenizer.apply_chat_template(history)
+            except ChatTemplateError as exc:
+                raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
+            try:  # last, so that a refusal also takes back the saved message
+                limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
+                    num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
+                    max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
+            except LimitExceeded as exc:
+                raise _refused(exc) from exc
+    except BaseException:
+        limits_release(subject=limits, request_id=request_id)
+        raise
+    return Turn(request_id=request_id, user=user, conversation=conversation,
                 user_message=user_message, model=version.model, version=version, prompt_token_ids=prompt_ids,
-                params=params, started=started)
+                params=params, started=started, limits=limits)
 
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
-    """Save the answer (a stopped one keeps what had arrived) and its usage record."""
-    with transaction.atomic():
-        record = usage_record_finish(
-            request_id=turn.request_id, endpoint=ENDPOINT, started=turn.started, outcome=outcome, model=turn.model,
-            version=turn.version, num_prompt_tokens=len(turn.prompt_token_ids), user=turn.user, aborted=aborted)
-        if not outcome.text and record.status != UsageRecord.Status.OK:
-            return None
-        finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
-            record.status, record.finish_reason)
-        return Message.objects.create(
-            conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
-            model_name=turn.model.slug, prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-            cached_prompt_tokens=record.cached_prompt_tokens, finish_reason=finish_reason)
+    """Save the answer (a stopped one keeps what had arrived) and its usage record, and settle
+    what the turn held under the user's limits (once: a second call does nothing)."""
+    if turn.is_finished:
+        return None
+    turn.is_finished = True
+    record = None
+    try:
+        with transaction.atomic():
+            record = usage_record_finish(
+                request_id=turn.request_id, endpoint=ENDPOINT, started=turn.started, outcome=outcome,
+                model=turn.model, version=turn.version, num_prompt_tokens=len(turn.prompt_token_ids), user=turn.user,
+                aborted=aborted)
+            if not outcome.text and record.status != UsageRecord.Status.OK:
+                return None
+            finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
+                record.status, record.finish_reason)
+            return Message.objects.create(
+                conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
+                model_name=turn.model.slug, prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens, cached_prompt_tokens=record.cached_prompt_tokens,
+                finish_reason=finish_reason)
+    finally:
+        if turn.limits is not None:
+            tokens = record.prompt_tokens + record.completion_tokens if record is not None else 0
+            limits_release(subject=turn.limits, request_id=turn.request_id, tokens=tokens)

@@ -9,6 +9,8 @@ from django.views.decorators.http import require_POST
 
 from webapp.chat.selectors import conversation_get, conversation_list, message_list, message_to_dict
 from webapp.chat.services import conversation_delete, conversation_rename
+from webapp.keys.selectors import chatlimits_allowed_slugs
+from webapp.keys.services import chatlimits_get_or_create
 from webapp.registry.selectors import modelversion_list_active
 
 
@@ -22,7 +24,8 @@ def _owned(request, conversation_id: int):
 @login_required
 def chat_page(request, conversation_id: int | None = None):
     conversation = _owned(request, conversation_id) if conversation_id is not None else None
-    models = [version.model.slug for version in modelversion_list_active()]
+    models = chatlimits_allowed_slugs(limits=chatlimits_get_or_create(user=request.user),
+                                      slugs=[version.model.slug for version in modelversion_list_active()])
     state = {
         "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
         "messages": [message_to_dict(m) for m in message_list(conversation=conversation)] if conversation else [],

@@ -1,4 +1,5 @@
-"""The console's keys page (staff only): list, create (the secret is shown once), revoke, edit limits."""
+"""The console's keys page (staff only): list, create (the secret is shown once), revoke, edit limits
+and the right to set priority; and the chat limits page: each user's chat limits and models."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from webapp.console.access import staff_required
-from webapp.keys.models import ApiKey
-from webapp.keys.services import LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits
+from webapp.keys.models import ApiKey, ChatLimits
+from webapp.keys.services import (LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits,
+                                  chatlimits_get_or_create, chatlimits_update)
 from webapp.registry.models import Model, ModelVersion
 
 LIMIT_LABELS = {"max_requests_per_minute": "Requests / minute", "max_tokens_per_minute": "Tokens / minute",
@@ -35,6 +37,8 @@ class LimitsForm(forms.Form):
     max_tokens_per_minute = _limit_field("max_tokens_per_minute")
     max_concurrent_requests = _limit_field("max_concurrent_requests")
     token_budget = _limit_field("token_budget")
+    can_set_priority = forms.BooleanField(label="May set priority", required=False,
+                                          help_text="off: a request's priority other than 0 is refused (400)")
 
 
 class KeyCreateForm(LimitsForm):
@@ -46,11 +50,11 @@ class KeyCreateForm(LimitsForm):
     expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=36500,
                                          help_text="empty: never expires")
 
-    field_order = ["name", "owner", "models", "expires_in_days", *LIMIT_FIELDS]
+    field_order = ["name", "owner", "models", "expires_in_days", *LIMIT_FIELDS, "can_set_priority"]
 
 
 def _limits(form: forms.Form) -> dict:
-    return {name: form.cleaned_data[name] for name in LIMIT_FIELDS}
+    return {name: form.cleaned_data[name] for name in (*LIMIT_FIELDS, "can_set_priority")}
 
 
 def _key_rows() -> list[ApiKey]:
@@ -100,14 +104,59 @@ def key_revoke(request, key_id: int):
 def key_limits(request, key_id: int):
     api_key = get_object_or_404(ApiKey, pk=key_id)
     form = LimitsForm(request.POST)
+    _save(request, form, f"Limits of {api_key}", lambda: apikey_set_limits(api_key=api_key, **_limits(form)))
+    return redirect("console:keys")
+
+
+def _save(request, form: forms.Form, what: str, save) -> None:
+    """Run ``save`` if the form is valid, and tell the next page how it went."""
     if not form.is_valid():
         problems = "; ".join(f"{LIMIT_LABELS.get(f, f)}: {' '.join(e)}" for f, e in form.errors.items())
-        messages.error(request, f"Limits of {api_key} not changed: {problems}")
-        return redirect("console:keys")
+        messages.error(request, f"{what} not changed: {problems}")
+        return
     try:
-        apikey_set_limits(api_key=api_key, **_limits(form))
+        save()
     except ValidationError as error:
-        messages.error(request, f"Limits of {api_key} not changed: {' '.join(error.messages)}")
+        messages.error(request, f"{what} not changed: {' '.join(error.messages)}")
     else:
-        messages.success(request, f"Limits of {api_key} saved.")
-    return redirect("console:keys")
+        messages.success(request, f"{what} saved.")
+
+
+def _served_models():
+    return Model.objects.filter(versions__status=ModelVersion.Status.ACTIVE).distinct().order_by("slug")
+
+
+class ChatLimitsForm(LimitsForm):
+    can_set_priority = None  # chat turns have no priority
+    max_sockets = forms.IntegerField(label="Open chat sockets", min_value=1)
+    max_message_chars = forms.IntegerField(label="Message size (characters)", min_value=1)
+    models = forms.ModelMultipleChoiceField(queryset=Model.objects.order_by("slug"), required=False)
+
+
+CHAT_FIELDS = (*LIMIT_FIELDS, "max_sockets", "max_message_chars")
+CHAT_LABELS = {**LIMIT_SHORT_LABELS, "max_sockets": "Sockets", "max_message_chars": "Msg chars"}
+
+
+@staff_required
+def chat_limits_page(request):
+    """Every user's chat limits (made with the defaults when first shown) and the models they may use."""
+    users = list(get_user_model().objects.order_by("username"))
+    existing = {limits.user_id: limits for limits in ChatLimits.objects.prefetch_related("models")}
+    rows = []
+    for user in users:
+        limits = existing.get(user.pk) or chatlimits_get_or_create(user=user)
+        allowed = {model.pk for model in limits.models.all()}
+        rows.append({"user": user, "limits": limits, "allowed": allowed,
+                     "values": [(f, CHAT_LABELS[f], getattr(limits, f)) for f in CHAT_FIELDS]})
+    return render(request, "console/chat_limits.html", {"rows": rows, "models": _served_models(),
+                                                        "page": "chat-limits"})
+
+
+@staff_required
+@require_POST
+def chat_limits_save(request, user_id: int):
+    limits = chatlimits_get_or_create(user=get_object_or_404(get_user_model(), pk=user_id))
+    form = ChatLimitsForm(request.POST)
+    _save(request, form, f"Chat limits of {limits.user}", lambda: chatlimits_update(
+        limits=limits, models=form.cleaned_data["models"], **{name: form.cleaned_data[name] for name in CHAT_FIELDS}))
+    return redirect("console:chat-limits")

@@ -34,4 +34,6 @@ urlpatterns += [
     path("keys/", keys_views.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),
+    path("chat-limits/", keys_views.chat_limits_page, name="chat-limits"),
+    path("chat-limits/<int:user_id>/", keys_views.chat_limits_save, name="chat-limits-save"),
 ]

@@ -1,81 +1,214 @@
-"""The API's per-key limits: admit a request (or say why not and when to retry), release it.
+"""Limits of API keys and chat users: admit a request, reserve its worst case, settle it when it ends.
 
-Checked in this order, each before any work is done for the request: the lifetime token budget,
-tokens per minute, concurrent requests, requests per minute. A request that is refused takes
-nothing: its concurrency slot is given back and it does not count in the minute's requests.
-Tokens (prompt + completion, as the engine counted them) are charged when the request ends.
+A *subject* is an ApiKey or a ChatLimits row: both have max_requests_per_minute,
+max_tokens_per_minute, max_concurrent_requests, token_budget, tokens_used, tokens_reserved and a
+``counter_name`` (null limits: unlimited). One request goes through three steps:
+
+1. ``limits_admit``, before any work: the budget is not spent, a concurrency slot is free, the
+   requests-per-minute window has room (each is taken atomically in the limit store).
+2. ``limits_reserve``, once the prompt is tokenized: its worst case (``worst_case_tokens``: prompt
+   + max_tokens, or the whole context when max_tokens is absent) goes into the tokens-per-minute
+   window and against the budget, before the request is scheduled.
+3. ``limits_release``, however it ended: the slot is freed and the real count replaces the worst
+   case in the window and the budget (the unused part is given back).
+
+The budget's reservation is a conditional UPDATE of the subject's row
+(``tokens_used + tokens_reserved + worst <= token_budget``) in the same transaction as a
+TokenReservation row naming the request: atomic across every web process (the database decides,
+Postgres re-checks the condition on the locked row, SQLite serializes writers), and the budget
+stays where its spent tokens are, in the database, so losing Redis cannot reset it. A process that
+dies mid-request leaves its row; such rows, older than SLOT_TTL_S, are given back when a budget
+looks full (the only moment they matter). A request refused at any step takes nothing.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
 
+from django.db import transaction
 from django.db.models import F
 
-from webapp.keys.limits import get_limit_store, seconds_left
-from webapp.keys.models import ApiKey
+from webapp.keys.limits import SLOT_TTL_S, get_limit_store
+from webapp.keys.models import ApiKey, ChatLimits, TokenReservation
 
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 BUDGET_EXHAUSTED = "budget_exhausted"
+# Context length assumed for the worst case when neither the version's engine settings nor its
+# tokenizer export says (the bundled SmolLM2's).
+DEFAULT_CONTEXT_TOKENS = 8192
+CONCURRENCY_RETRY_S = 1  # a slot frees when a running request ends, which nobody can foresee: poll
 
 
 @dataclass
 class LimitExceeded(Exception):
     code: str  # RATE_LIMIT_EXCEEDED or BUDGET_EXHAUSTED
     message: str
-    retry_after: int | None  # seconds; None when waiting will not help (the budget is spent)
+    retry_after: int | None  # seconds; None when waiting alone will not help
 
     def __str__(self) -> str:
         return self.message
 
 
-def _names(api_key: ApiKey) -> tuple[str, str, str]:
-    # By hash, not pk: a pk may be reused after a delete (SQLite), and the counters must not be.
-    base = api_key.key_hash[:24]
+class PriorityNotAllowed(Exception):
+    """A request asked for a priority its key may not set."""
+
+
+Subject = ApiKey | ChatLimits
+
+
+def _names(subject: Subject) -> tuple[str, str, str]:
+    base = subject.counter_name
     return f"{base}:requests", f"{base}:tokens", f"{base}:running"
 
 
-def apikey_admit(*, api_key: ApiKey, request_id: str, now: float | None = None) -> None:
-    """Admit one request under the key's limits; LimitExceeded otherwise."""
+def _seconds(wait: float) -> int:
+    return max(1, math.ceil(wait))
+
+
+def worst_case_tokens(*, num_prompt_tokens: int, max_tokens: int | None, max_model_len: int | None) -> int:
+    """The most tokens a request can be charged: prompt + max_tokens, or the context it may fill."""
+    if max_tokens:
+        return num_prompt_tokens + max_tokens
+    return max(num_prompt_tokens, max_model_len or DEFAULT_CONTEXT_TOKENS)
+
+
+def limits_admit(*, subject: Subject, request_id: str, now: float | None = None) -> None:
+    """Admit one request under the subject's limits; LimitExceeded otherwise."""
     now = time.time() if now is None else now
     store = get_limit_store()
-    requests_name, tokens_name, running_name = _names(api_key)
-    if api_key.token_budget is not None:
-        used = ApiKey.objects.filter(pk=api_key.pk).values_list("tokens_used", flat=True).first() or 0
-        if used >= api_key.token_budget:
-            raise LimitExceeded(BUDGET_EXHAUSTED, f"This API key has used its token budget of "
-                                f"{api_key.token_budget} tokens.", None)
-    if api_key.max_tokens_per_minute is not None:
-        used = store.window_total(tokens_name, now)
-        if used >= api_key.max_tokens_per_minute:
-            raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: {used} of "
-                                f"{api_key.max_tokens_per_minute} tokens per minute used.", seconds_left(now))
-    limit = api_key.max_concurrent_requests
+    requests_name, _, running_name = _names(subject)
+    if subject.token_budget is not None:
+        used = type(subject).objects.filter(pk=subject.pk).values_list("tokens_used", flat=True).first() or 0
+        if used >= subject.token_budget:
+            raise LimitExceeded(BUDGET_EXHAUSTED, f"The token budget of {subject.token_budget} tokens is "
+                                "used up.", None)
+    limit = subject.max_concurrent_requests
     if limit is not None and not store.slot_take(running_name, request_id, limit, now):
         raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: {limit} concurrent requests "
-                            f"already running.", 1)
-    if api_key.max_requests_per_minute is not None:
-        retry_after = store.window_take(requests_name, api_key.max_requests_per_minute, now)
-        if retry_after is not None:
+                            f"already running.", CONCURRENCY_RETRY_S)
+    if subject.max_requests_per_minute is not None:
+        wait = store.window_reserve(requests_name, request_id, 1, subject.max_requests_per_minute, now)
+        if wait is not None:
             if limit is not None:
                 store.slot_release(running_name, request_id)
-            raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: "
-                                f"{api_key.max_requests_per_minute} requests per minute.", retry_after)
+            raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: {subject.max_requests_per_minute} "
+                                f"requests per minute.", _seconds(wait))
+
+
+def _reservation_owner(subject: Subject) -> dict:
+    return {"api_key": subject} if isinstance(subject, ApiKey) else {"chat_limits": subject}
+
+
+def _utc(now: float) -> datetime:
+    return datetime.fromtimestamp(now, tz=dt_timezone.utc)
+
+
+@transaction.atomic
+def _budget_reserve(subject: Subject, request_id: str, tokens: int, now: float) -> bool:
+    taken = type(subject).objects.filter(
+        pk=subject.pk, token_budget__gte=F("tokens_used") + F("tokens_reserved") + tokens,
+    ).update(tokens_reserved=F("tokens_reserved") + tokens)
+    if taken:
+        TokenReservation.objects.create(request_id=request_id, tokens=tokens, created_at=_utc(now),
+                                        **_reservation_owner(subject))
+    return bool(taken)
+
+
+def _budget_give_back(subject: Subject, request_id: str, tokens_used: int) -> None:
+    """End a reservation (once, whoever gets here first) and charge ``tokens_used``."""
+    with transaction.atomic():
+        reservation = TokenReservation.objects.filter(request_id=request_id).first()
+        reserved = 0
+        if reservation is not None and TokenReservation.objects.filter(pk=reservation.pk).delete()[0]:
+            reserved = reservation.tokens
+        if reserved or tokens_used:
+            type(subject).objects.filter(pk=subject.pk).update(tokens_reserved=F("tokens_reserved") - reserved,
+                                                               tokens_used=F("tokens_used") + tokens_used)
+
+
+def _sweep_stale_reservations(subject: Subject, now: float) -> int:
+    stale = list(TokenReservation.objects.filter(created_at__lt=_utc(now - SLOT_TTL_S), **_reservation_owner(subject))
+                 .values_list("request_id", flat=True))
+    for request_id in stale:
+        _budget_give_back(subject, request_id, 0)
+    return len(stale)
+
+
+def limits_reserve(*, subject: Subject, request_id: str, tokens: int, now: float | None = None) -> None:
+    """Hold ``tokens`` (the request's worst case) against the token rate and the budget; on
+    refusal (LimitExceeded) the request gives back everything it took at admission too."""
+    now = time.time() if now is None else now
+    store = get_limit_store()
+    requests_name, tokens_name, _ = _names(subject)
+    try:
+        if subject.max_tokens_per_minute is not None:
+            limit = subject.max_tokens_per_minute
+            wait = store.window_reserve(tokens_name, request_id, tokens, limit, now)
+            if wait == math.inf:
+                raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Request too large: it may use {tokens} tokens "
+                                    f"(prompt + max_tokens), more than the limit of {limit} tokens per minute. "
+                                    f"Lower max_tokens or shorten the prompt.", None)
+            if wait is not None:
+                raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: this request may use {tokens} "
+                                    f"tokens and the limit is {limit} tokens per minute.", _seconds(wait))
+        if subject.token_budget is not None and not _budget_reserve(subject, request_id, tokens, now):
+            if not (_sweep_stale_reservations(subject, now) and _budget_reserve(subject, request_id, tokens, now)):
+                row = type(subject).objects.filter(pk=subject.pk).values("tokens_used", "tokens_reserved").first()
+                left = max(0, subject.token_budget - row["tokens_used"] - row["tokens_reserved"])
+                raise LimitExceeded(BUDGET_EXHAUSTED, f"This request may use {tokens} tokens (prompt + max_tokens) "
+                                    f"and {left} of the token budget of {subject.token_budget} are free"
+                                    + (f" ({row['tokens_reserved']} held by running requests)."
+                                       if row["tokens_reserved"] else ". Lower max_tokens."), None)
+    except LimitExceeded:
+        store.window_cancel(tokens_name, request_id)
+        store.window_cancel(requests_name, request_id)  # a refused request does not count
+        if subject.max_concurrent_requests is not None:
+            store.slot_release(_names(subject)[2], request_id)
+        raise
+
+
+def limits_release(*, subject: Subject, request_id: str, tokens: int = 0) -> None:
+    """The request ended (or was refused): free its slot, settle its real ``tokens``. Idempotent
+    for the slot and the reservation; the tokens are charged by each call (make one)."""
+    store = get_limit_store()
+    _, tokens_name, running_name = _names(subject)
+    if subject.max_concurrent_requests is not None:
+        store.slot_release(running_name, request_id)
+    if subject.max_tokens_per_minute is not None:
+        store.window_settle(tokens_name, request_id, tokens)
+    _budget_give_back(subject, request_id, tokens)
+
+
+def limits_running_requests(*, subject: Subject) -> int:
+    return get_limit_store().slot_count(_names(subject)[2])
+
+
+def apikey_priority(*, api_key: ApiKey, requested: int | None) -> int:
+    """The priority the engine gets: the requested one for keys allowed to set it; 0 (the
+    default) for any key; PriorityNotAllowed for another value from a key without the right."""
+    if not requested:
+        return 0
+    if not api_key.can_set_priority:
+        raise PriorityNotAllowed("This API key may not set priority; send 0 or leave it out.")
+    return requested
+
+
+# The API's names for the same steps.
+
+def apikey_admit(*, api_key: ApiKey, request_id: str, now: float | None = None) -> None:
+    limits_admit(subject=api_key, request_id=request_id, now=now)
+
+
+def apikey_reserve(*, api_key: ApiKey, request_id: str, tokens: int, now: float | None = None) -> None:
+    limits_reserve(subject=api_key, request_id=request_id, tokens=tokens, now=now)
 
 
 def apikey_release(*, api_key: ApiKey, request_id: str, tokens: int = 0, now: float | None = None) -> None:
-    """The request ended: free its slot (idempotent) and charge its tokens."""
-    now = time.time() if now is None else now
-    store = get_limit_store()
-    _, tokens_name, running_name = _names(api_key)
-    if api_key.max_concurrent_requests is not None:
-        store.slot_release(running_name, request_id)
-    if tokens > 0:
-        if api_key.max_tokens_per_minute is not None:
-            store.window_add(tokens_name, tokens, now)
-        ApiKey.objects.filter(pk=api_key.pk).update(tokens_used=F("tokens_used") + tokens)
+    limits_release(subject=api_key, request_id=request_id, tokens=tokens)
 
 
 def apikey_running_requests(*, api_key: ApiKey) -> int:
-    return get_limit_store().slot_count(_names(api_key)[2])
+    return limits_running_requests(subject=api_key)

@@ -1,16 +1,25 @@
-"""Where per-key rate windows and concurrency counters live.
+"""Where rate windows and concurrency counters live, for API keys and chat users alike.
 
-Distributed mode (REDIS_URL set): Redis, shared by every web process. Embedded mode: a dict in
-this process, which is the only web process there. Both have the same interface:
+Distributed mode (REDIS_URL set): Redis, shared by every web process, each operation one Lua
+script (atomic). Embedded mode: dicts in this process, which is the only web process there,
+each operation under one lock. Both have the same interface and arithmetic, which the tests
+check side by side:
 
-- ``window_take(name, limit, now)``: count one request in the current one-minute window unless
-  ``limit`` requests are already in it; returns seconds until the window ends when refused.
-- ``window_add(name, amount, now)`` / ``window_total(name, now)``: tokens in the current window.
-- ``slot_take(name, holder, limit, now)`` / ``slot_release(name, holder)``: a concurrency slot
-  held by one request id. Slots expire after SLOT_TTL_S so a crashed process cannot leak them.
+- ``window_reserve(name, holder, amount, limit, now)``: put ``amount`` (1 for a request, the worst
+  case for tokens) into the sliding window unless the last WINDOW_S seconds would then hold more
+  than ``limit``. Returns None when taken; otherwise the seconds until enough of the window has
+  slid out for it to fit (``math.inf`` when it never can: ``amount > limit``).
+- ``window_settle(name, holder, amount)``: the holder's entry now counts ``amount`` (its real
+  count, at most what it reserved); ``window_cancel(name, holder)`` removes it (a refused request).
+- ``window_total(name, now)``: what the last WINDOW_S seconds hold.
+- ``slot_take(name, holder, limit, now)`` / ``slot_release(name, holder)`` / ``slot_count(name)``:
+  a concurrency slot (or a chat socket) held by one holder. Taking it again refreshes it. Slots
+  expire after SLOT_TTL_S so a crashed process cannot leak them.
 
-Windows are fixed calendar minutes (a client may burst up to twice the limit across a minute
-boundary); the arithmetic is the same in both stores, which the tests check side by side.
+The window is a sliding log (one entry per request, at the moment it was admitted), not calendar
+minutes: no 60 seconds ever hold more than the limit, so a burst at a minute's end and another at
+the next one's start is refused, and the retry time is exact: the moment the oldest entries that
+must leave have left. Entries are bounded by the requests admitted in a minute.
 """
 
 from __future__ import annotations
@@ -25,49 +34,57 @@ WINDOW_S = 60
 SLOT_TTL_S = 3600  # longer than any request may run
 
 
-def window_start(now: float) -> int:
-    return int(now // WINDOW_S) * WINDOW_S
-
-
-def seconds_left(now: float) -> int:
-    return max(1, math.ceil(window_start(now) + WINDOW_S - now))
+def _retry_after(entries: list[tuple[float, int]], used: int, amount: int, limit: int, now: float) -> float:
+    """Seconds until ``amount`` fits, ``entries`` (taken-at, amount) oldest first."""
+    if amount > limit:
+        return math.inf
+    for taken_at, counted in entries:
+        used -= counted
+        if used + amount <= limit:
+            return max(0.0, taken_at + WINDOW_S - now)
+    return 0.0
 
 
 class MemoryLimitStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._windows: dict[tuple[str, int], int] = {}
+        self._windows: dict[str, dict[str, list]] = defaultdict(dict)  # name -> holder -> [taken_at, amount]
         self._slots: dict[str, dict[str, float]] = defaultdict(dict)
 
-    def _prune(self, now: float) -> None:
-        # The previous minute stays readable, as in Redis (whose counters expire after 2 minutes).
-        oldest = window_start(now) - WINDOW_S
-        for key in [k for k in self._windows if k[1] < oldest]:
-            del self._windows[key]
+    def _live(self, name: str, now: float) -> dict[str, list]:
+        window = self._windows[name]
+        for holder in [h for h, (t, _) in window.items() if t <= now - WINDOW_S]:
+            del window[holder]
+        return window
 
-    def window_take(self, name: str, limit: int, now: float) -> int | None:
+    def window_reserve(self, name: str, holder: str, amount: int, limit: int, now: float) -> float | None:
         with self._lock:
-            self._prune(now)
-            key = (name, window_start(now))
-            if self._windows.get(key, 0) >= limit:
-                return seconds_left(now)
-            self._windows[key] = self._windows.get(key, 0) + 1
-            return None
+            window = self._live(name, now)
+            used = sum(a for h, (_, a) in window.items() if h != holder)
+            if used + amount <= limit:
+                window[holder] = [now, amount]
+                return None
+            entries = sorted((t, a) for h, (t, a) in window.items() if h != holder)
+            return _retry_after(entries, used, amount, limit, now)
 
-    def window_add(self, name: str, amount: int, now: float) -> None:
+    def window_settle(self, name: str, holder: str, amount: int) -> None:
         with self._lock:
-            self._prune(now)
-            key = (name, window_start(now))
-            self._windows[key] = self._windows.get(key, 0) + amount
+            entry = self._windows[name].get(holder)
+            if entry is not None:
+                entry[1] = min(entry[1], amount)
+
+    def window_cancel(self, name: str, holder: str) -> None:
+        with self._lock:
+            self._windows[name].pop(holder, None)
 
     def window_total(self, name: str, now: float) -> int:
         with self._lock:
-            return self._windows.get((name, window_start(now)), 0)
+            return sum(a for _, a in self._live(name, now).values())
 
     def slot_take(self, name: str, holder: str, limit: int, now: float) -> bool:
         with self._lock:
             slots = self._slots[name]
-            for stale in [h for h, t in slots.items() if t < now - SLOT_TTL_S]:
+            for stale in [h for h, t in slots.items() if t <= now - SLOT_TTL_S]:
                 del slots[stale]
             if holder not in slots and len(slots) >= limit:
                 return False
@@ -83,19 +100,59 @@ class MemoryLimitStore:
             return len(self._slots[name])
 
 
-# KEYS[1] window counter; ARGV: limit, ttl. Returns 1 when counted, 0 when the window is full.
-_TAKE_WINDOW = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if used >= tonumber(ARGV[1]) then return 0 end
-redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+# KEYS[1] sorted set holder -> taken-at, KEYS[2] hash holder -> amount; ARGV: holder, amount, limit,
+# now, window. Returns "ok", or the seconds to wait as a string (Lua numbers become integers in
+# replies), or "inf".
+_WINDOW_RESERVE = """
+local holder, amount, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, window = tonumber(ARGV[4]), tonumber(ARGV[5])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - window)
+for _, h in ipairs(gone) do redis.call('HDEL', KEYS[2], h) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local used = 0
+local amounts = redis.call('HGETALL', KEYS[2])
+for i = 1, #amounts, 2 do
+  if amounts[i] ~= holder then used = used + tonumber(amounts[i + 1]) end
+end
+if used + amount <= limit then
+  redis.call('ZADD', KEYS[1], now, holder)
+  redis.call('HSET', KEYS[2], holder, amount)
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+  redis.call('EXPIRE', KEYS[2], math.ceil(window) + 1)
+  return 'ok'
+end
+if amount > limit then return 'inf' end
+local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #entries, 2 do
+  if entries[i] ~= holder then
+    used = used - tonumber(redis.call('HGET', KEYS[2], entries[i]) or '0')
+    if used + amount <= limit then
+      return tostring(math.max(0, tonumber(entries[i + 1]) + window - now))
+    end
+  end
+end
+return '0'
+"""
+# KEYS[2] hash holder -> amount; ARGV: holder, amount. Lowers a live entry to its real count.
+_WINDOW_SETTLE = """
+local counted = redis.call('HGET', KEYS[2], ARGV[1])
+if counted and tonumber(ARGV[2]) < tonumber(counted) then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 return 1
+"""
+_WINDOW_TOTAL = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[2]))
+local used = 0
+for _, h in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  used = used + tonumber(redis.call('HGET', KEYS[2], h) or '0')
+end
+return used
 """
 # KEYS[1] sorted set holder -> taken-at; ARGV: holder, limit, now, ttl. 1 when held, 0 when full.
 _TAKE_SLOT = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
@@ -108,26 +165,35 @@ class RedisLimitStore:
 
         self._redis = redis.Redis.from_url(url)
         self._prefix = prefix
-        self._take_window = self._redis.register_script(_TAKE_WINDOW)
+        self._reserve = self._redis.register_script(_WINDOW_RESERVE)
+        self._settle = self._redis.register_script(_WINDOW_SETTLE)
+        self._total = self._redis.register_script(_WINDOW_TOTAL)
         self._take_slot = self._redis.register_script(_TAKE_SLOT)
 
-    def _window_key(self, name: str, now: float) -> str:
-        return f"{self._prefix}w:{name}:{window_start(now)}"
+    def _window_keys(self, name: str) -> list[str]:
+        # One hash tag: both keys of a window land on the same Redis Cluster slot.
+        return [f"{self._prefix}{{w:{name}}}:at", f"{self._prefix}{{w:{name}}}:amount"]
 
-    def window_take(self, name: str, limit: int, now: float) -> int | None:
-        counted = self._take_window(keys=[self._window_key(name, now)], args=[limit, 2 * WINDOW_S])
-        return None if counted else seconds_left(now)
+    def window_reserve(self, name: str, holder: str, amount: int, limit: int, now: float) -> float | None:
+        answer = self._reserve(keys=self._window_keys(name), args=[holder, amount, limit, repr(now), WINDOW_S])
+        answer = answer.decode() if isinstance(answer, bytes) else str(answer)
+        if answer == "ok":
+            return None
+        return math.inf if answer == "inf" else float(answer)
 
-    def window_add(self, name: str, amount: int, now: float) -> None:
-        key = self._window_key(name, now)
-        with self._redis.pipeline() as pipe:
-            pipe.incrby(key, amount).expire(key, 2 * WINDOW_S).execute()
+    def window_settle(self, name: str, holder: str, amount: int) -> None:
+        self._settle(keys=self._window_keys(name), args=[holder, amount])
+
+    def window_cancel(self, name: str, holder: str) -> None:
+        at, amounts = self._window_keys(name)
+        with self._redis.pipeline() as pipe:  # MULTI/EXEC
+            pipe.zrem(at, holder).hdel(amounts, holder).execute()
 
     def window_total(self, name: str, now: float) -> int:
-        return int(self._redis.get(self._window_key(name, now)) or 0)
+        return int(self._total(keys=self._window_keys(name), args=[repr(now), WINDOW_S]))
 
     def slot_take(self, name: str, holder: str, limit: int, now: float) -> bool:
-        return bool(self._take_slot(keys=[f"{self._prefix}s:{name}"], args=[holder, limit, now, SLOT_TTL_S]))
+        return bool(self._take_slot(keys=[f"{self._prefix}s:{name}"], args=[holder, limit, repr(now), SLOT_TTL_S]))
 
     def slot_release(self, name: str, holder: str) -> None:
         self._redis.zrem(f"{self._prefix}s:{name}", holder)

@@ -1,4 +1,4 @@
-"""Writes to API keys: create (returns the key once), revoke, note use."""
+"""Writes to API keys (create, returning the key once; revoke; limits; note use) and to chat users' limits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.keys.models import ApiKey
+from webapp.keys.models import ApiKey, ChatLimits
 from webapp.registry.models import Model
 
 KEY_MARKER = "pgd-"
@@ -24,8 +24,11 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 LIMIT_FIELDS = ("max_requests_per_minute", "max_tokens_per_minute", "max_concurrent_requests", "token_budget")
 
 
-def _validated_limits(limits: dict) -> dict:
-    unknown = set(limits) - set(LIMIT_FIELDS)
+CHAT_BOUND_FIELDS = ("max_sockets", "max_message_chars")  # never empty: a socket is always bounded
+
+
+def _validated_limits(limits: dict, allowed: tuple[str, ...] = LIMIT_FIELDS) -> dict:
+    unknown = set(limits) - set(allowed)
     if unknown:
         raise ValidationError(f"unknown limits: {', '.join(sorted(unknown))}", code="invalid_limit")
     for name, value in limits.items():
@@ -40,10 +43,12 @@ def hash_key(raw_key: str) -> str:
 
 @transaction.atomic
 def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model] = (),
-                  expires_at: datetime | None = None, **limits: int | None) -> tuple[ApiKey, str]:
+                  expires_at: datetime | None = None, can_set_priority: bool = False,
+                  **limits: int | None) -> tuple[ApiKey, str]:
     """The new key and its secret, which is returned here and never again.
 
-    ``limits``: any of LIMIT_FIELDS (None or absent: unlimited).
+    ``limits``: any of LIMIT_FIELDS (None or absent: unlimited). ``can_set_priority``: the key's
+    requests may ask for a scheduling priority other than 0.
     """
     if not name.strip():
         raise ValidationError("an API key needs a name", code="invalid_name")
@@ -52,16 +57,20 @@ def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model]
     raw_key = KEY_MARKER + secrets.token_urlsafe(32)  # 256 random bits
     api_key = ApiKey.objects.create(owner=owner, name=name.strip(), prefix=raw_key[:PREFIX_LENGTH],
                                     key_hash=hash_key(raw_key), expires_at=expires_at,
-                                    **_validated_limits(limits))
+                                    can_set_priority=can_set_priority, **_validated_limits(limits))
     api_key.models.set(list(models))
     return api_key, raw_key
 
 
-def apikey_set_limits(*, api_key: ApiKey, **limits: int | None) -> ApiKey:
-    """Change some of the key's limits (None: unlimited); the others stay."""
-    for name, value in _validated_limits(limits).items():
+def apikey_set_limits(*, api_key: ApiKey, can_set_priority: bool | None = None, **limits: int | None) -> ApiKey:
+    """Change some of the key's limits (None: unlimited) and, if given, its right to set priority."""
+    fields = list(_validated_limits(limits))
+    for name, value in limits.items():
         setattr(api_key, name, value)
-    api_key.save(update_fields=list(limits))
+    if can_set_priority is not None:
+        api_key.can_set_priority = bool(can_set_priority)
+        fields.append("can_set_priority")
+    api_key.save(update_fields=fields)
     return api_key
 
 
@@ -76,3 +85,26 @@ def apikey_mark_used(*, api_key: ApiKey, now: datetime | None = None) -> None:
     if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now
+
+
+def chatlimits_get_or_create(*, user) -> ChatLimits:
+    """The user's chat limits, made with the defaults (ChatLimits' field defaults) on first use."""
+    limits, _ = ChatLimits.objects.get_or_create(user=user)
+    return limits
+
+
+@transaction.atomic
+def chatlimits_update(*, limits: ChatLimits, models: Iterable[Model] | None = None, **values: int | None) -> ChatLimits:
+    """Change a chat user's limits (LIMIT_FIELDS: None is unlimited; max_sockets and
+    max_message_chars: positive integers) and, if given, the models they may use (none: every model)."""
+    bounds = {name: values.pop(name) for name in CHAT_BOUND_FIELDS if name in values}
+    for name, value in bounds.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValidationError(f"{name} must be a positive integer", code="invalid_limit")
+    values = _validated_limits(values)
+    for name, value in {**values, **bounds}.items():
+        setattr(limits, name, value)
+    limits.save(update_fields=[*values, *bounds] or None)
+    if models is not None:
+        limits.models.set(list(models))
+    return limits

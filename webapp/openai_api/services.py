@@ -9,7 +9,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from webapp.keys.enforcement import LimitExceeded, apikey_admit, apikey_release
+from webapp.keys.enforcement import (LimitExceeded, PriorityNotAllowed, apikey_admit, apikey_priority,
+                                     apikey_release, apikey_reserve, worst_case_tokens)
 from webapp.keys.models import ApiKey
 from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
@@ -125,11 +126,20 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         logprobs = values.get("logprobs")
         prompt = values["prompt"]
         prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    try:  # the worst case is held against the key's token rate and budget before scheduling
+        priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
+        apikey_reserve(api_key=api_key, request_id=request_id, tokens=worst_case_tokens(
+            num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
+            max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
+    except PriorityNotAllowed as exc:
+        raise errors.invalid_parameter("priority", str(exc)) from exc
+    except LimitExceeded as exc:
+        raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
     apikey_mark_used(api_key=api_key)
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
         tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
-        priority=values.get("priority") or 0, stream=bool(values.get("stream")),
+        priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "")
 
