@@ -16,7 +16,15 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkpoint converts to
-DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB
+# auto: keep a checkpoint's own precision (GGUF Q4_0/Q4_1 -> int4, Q8_0 -> int8, a quantized
+# safetensors checkpoint as it is, float as stored); none (or None): float weights; int8 / int4:
+# quantize the projections at load.
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+CONVERT_QUANTIZATIONS = ("int8", "int4")  # what `python -m engine convert` writes
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+# On CPU the default KV pool holds max_num_seqs x max_model_len tokens, at most this fraction
+# of the machine's memory.
+CPU_KV_CACHE_MEMORY_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -32,10 +40,11 @@ class Setting:
     maximum: float | None = None
     exclusive_minimum: bool = False  # the value must be greater than ``minimum``
     pattern: str | None = None  # a full-match regex for str values, beside ``choices``
+    is_nullable: bool = False  # None is accepted although the default is not None
 
     @property
     def nullable(self) -> bool:
-        return self.default is None
+        return self.default is None or self.is_nullable
 
     def expected(self) -> str:
         """What the value must be, in words: 'one of 8, 16, ...', 'an integer >= 1', ..."""
@@ -86,12 +95,21 @@ def _setting(default, help: str, type: type = int, **rules):
 @dataclass(frozen=True)
 class EngineConfig:
     model: str  # a Hugging Face directory, a .gguf file, or "smollm2" for the bundled model
-    dtype: str = _setting("auto", "activation and weight dtype; auto: float32 on CPU, bfloat16 on CUDA",
-                          str, choices=DTYPES)
+    dtype: str = _setting("auto", "activation dtype; auto: bfloat16 on CUDA and on CPUs with native "
+                          "bf16 (avx512_bf16 / amx_bf16), else float32", str, choices=DTYPES)
+    quantization: str | None = _setting(
+        "auto", "weight-only quantization of the projections; auto: keep the checkpoint's own "
+        "(GGUF Q4 -> int4, Q8_0 -> int8, safetensors as stored), none: float, int8 / int4: "
+        "quantize at load", str, choices=QUANTIZATIONS, is_nullable=True)
+    quantization_group_size: int = _setting(
+        32, "input columns per int4 scale and zero when quantizing (GGUF Q4 blocks are 32)",
+        choices=INT4_GROUP_SIZES)
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N", str,
                            choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")
     block_size: int = _setting(16, "tokens per KV cache block", choices=BLOCK_SIZES)
-    kv_cache_memory: int | None = _setting(None, "size of the KV pool in bytes; default 1 GiB on CPU", minimum=1)
+    kv_cache_memory: int | None = _setting(
+        None, "size of the KV pool in bytes; default on CPU: max_num_seqs x max_model_len tokens, "
+        f"at most {CPU_KV_CACHE_MEMORY_FRACTION:g} of the machine's memory", minimum=1)
     gpu_memory_utilization: float = _setting(
         0.90, "fraction of GPU memory to use, when kv_cache_memory is not set", float,
         minimum=0.0, maximum=1.0, exclusive_minimum=True)

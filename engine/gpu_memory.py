@@ -1,4 +1,5 @@
-"""How much CUDA memory the KV pool may take: measured, not guessed.
+"""How much CUDA memory the KV pool may take: measured, not guessed; and the start-up memory
+summary (weights, KV pool, workspace) on any device.
 
 After the weights are loaded, one dummy step of the largest shape the scheduler can produce
 (max_num_batched_tokens prompt tokens, then logits, log-softmax and top-k/top-p sampling for
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.input_batch import build_input_batch
@@ -116,3 +118,61 @@ def profile_memory(model, sampler, *, utilization: float, max_num_batched_tokens
     budget = int(utilization * total) - in_use - peak
     return MemoryProfile(total_bytes=total, weights_bytes=weights, in_use_bytes=in_use,
                          activation_peak_bytes=peak, kv_budget_bytes=budget)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.zeros, but on CPU from calloc'd pages the kernel zeroes when first touched, so the
+    KV pool's resident memory grows with the blocks used rather than its size at start-up."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = 1
+    for n in shape:
+        numel *= n
+    raw = np.zeros(numel * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes of the model's tensors by kind: "float" parameters and buffers, "int4" / "int8"
+    quantized layers, "lm_head copies" (the LM head's extra products). Shared tensors count once."""
+    from engine.layers.linear import Int4Linear, Int8Linear
+    from engine.quantization.int4 import Int4WeightOnlyLinear
+    from engine.quantization.int8 import Int8WeightOnlyLinear
+
+    seen: set[int] = set()
+    totals: dict[str, int] = {}
+    for name, module in model.named_modules():
+        kind = ("lm_head copies" if name.startswith("lm_head.") else
+                "int4" if isinstance(module, (Int4Linear, Int4WeightOnlyLinear)) else
+                "int8" if isinstance(module, (Int8Linear, Int8WeightOnlyLinear)) else "float")
+        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if tensor is None or tensor.is_mkldnn or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            totals[kind] = totals.get(kind, 0) + tensor.numel() * tensor.element_size()
+        extra = getattr(module, "extra_bytes", 0)  # tensors kept outside parameters and buffers
+        if extra:
+            totals["lm_head copies"] = totals.get("lm_head copies", 0) + extra
+    return totals
+
+
+def memory_summary(model: torch.nn.Module, kv_pool_bytes: int, kv_tokens: int, model_config,
+                   dtype: torch.dtype, device: torch.device) -> str:
+    """One start-up line: weights (by kind), the KV pool, and the attention workspace's bound
+    (one layer's K and V gathered for every token the pool holds; allocated on first use)."""
+    MiB = 2**20
+    kinds = weights_bytes(model)
+    weights = ", ".join(f"{k} {v / MiB:.1f}" for k, v in kinds.items())
+    elem = torch.empty((), dtype=dtype).element_size()
+    workspace = 2 * kv_tokens * model_config.num_key_value_heads * model_config.head_dim * elem
+    line = (f"memory: weights {sum(kinds.values()) / MiB:.1f} MiB ({weights}), KV pool "
+            f"{kv_pool_bytes / MiB:.1f} MiB for {kv_tokens} tokens, attention workspace up to "
+            f"{workspace / MiB:.1f} MiB (on demand)")
+    if device.type == "cpu":
+        try:
+            with open("/proc/self/statm") as f:
+                resident = int(f.read().split()[1]) * 4096
+            line += f"; process resident now {resident / MiB:.0f} MiB"
+        except (OSError, IndexError, ValueError):
+            pass
+    return line

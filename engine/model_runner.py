@@ -8,14 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from engine import cpu_info
+from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
 from engine.cuda_graphs import CudaGraphRunner
-from engine.gpu_memory import MemoryProfile, profile_memory
+from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
 from engine.models.llama import LlamaForCausalLM
-from engine.models.loader import load_weights
+from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
 from engine.models.model_config import ModelConfig
 from engine.outputs import TokenLogprob
 from engine.sampling_metadata import SamplingMetadata
@@ -40,9 +41,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    """auto: bf16 on CUDA and on CPUs that multiply bf16 natively (logged), else float32."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16
+    dtype = torch.bfloat16 if cpu_info.has_fast_bf16() else torch.float32
+    logger.info("dtype auto on CPU: %s (%s; bf16 needs one of %s)", str(dtype).removeprefix("torch."),
+                cpu_info.describe(), "/".join(cpu_info.FAST_BF16_FLAGS))
+    return dtype
 
 
 class ModelRunner:
@@ -63,19 +70,28 @@ class ModelRunner:
         with torch.device(self.device), _default_dtype(self.dtype):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
+        native = getattr(weights, "native_layouts", dict)()
+        self.quantization_plan = plan_layouts(self.model, native, config.quantization,
+                                              config.quantization_group_size)
         if weights is None:
             _init_random_weights(self.model, config.seed)
+            apply_layouts(self.model, self.quantization_plan, self.dtype, keep_values=True)
         else:
-            load_weights(self.model, _with_progress(weights, progress))
-        self.model.pack_for_cpu()
+            apply_layouts(self.model, self.quantization_plan, self.dtype)
+            load_weights(self.model, _with_progress(weights_for(weights, self.quantization_plan,
+                                                                self.model), progress,
+                                                 len(weights) if hasattr(weights, "__len__") else 0))
+        # the int8 vocabulary projection for small steps where anything is quantized (bf16 only)
+        self.model.lm_head.prepare(int8_small_rows=config.quantization not in (None, "none") and (
+            bool(self.quantization_plan) or config.quantization != "auto" or any(
+                native.get(n) for n in ("model.embed_tokens.weight", "lm_head.weight"))))
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
         shape = kv_cache_shape(self.num_blocks, self.block_size, model_config.num_key_value_heads,
                                model_config.head_dim)
         # One allocation for the whole pool: [2, layers, *kv_cache_shape].
-        self.kv_pool = torch.zeros((2, model_config.num_hidden_layers, *shape),
-                                   dtype=self.dtype, device=self.device)
+        self.kv_pool = lazy_zeros((2, model_config.num_hidden_layers, *shape), self.dtype, self.device)
         self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])
                           for i in range(model_config.num_hidden_layers)]
         self.generators: dict[str, torch.Generator] = {}
@@ -83,6 +99,8 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self.dtype, self.device)
+        logger.info(memory_summary(self.model, self.kv_cache_bytes, self.num_blocks * self.block_size,
+                                   model_config, self.dtype, self.device))
         if self.memory_profile is not None:
             logger.info(self.memory_profile.summary(self.kv_cache_bytes, self.num_blocks,
                                                     self.block_size))
@@ -113,8 +131,8 @@ class ModelRunner:
                 head_dim=cfg.head_dim, num_layers=cfg.num_hidden_layers, dtype=self.dtype,
                 device=self.device, use_triton=self.use_triton)
             budget = self.memory_profile.kv_budget_bytes
-        else:
-            budget = DEFAULT_CPU_KV_CACHE_BYTES
+        else:  # what the configuration needs (the ceiling below), within a share of memory
+            budget = int(CPU_KV_CACHE_MEMORY_FRACTION * cpu_info.total_memory_bytes()) or 1 << 30
         # Never more than every running sequence at full length could use.
         ceiling = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
         num = min(budget // self.bytes_per_block, ceiling)
@@ -221,8 +239,7 @@ def _init_random_weights(model: torch.nn.Module, seed: int) -> None:
             param.normal_(0.0, 0.02, generator=generator)
 
 
-def _with_progress(weights, progress):
-    total = len(weights) if hasattr(weights, "__len__") else 0
+def _with_progress(weights, progress, total: int = 0):
     for i, item in enumerate(weights, 1):
         yield item
         if progress is not None:

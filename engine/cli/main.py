@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 
-from engine.cli import bench, chat, generate
+from engine.cli import bench, chat, convert, generate
 from engine.config import SETTINGS
 from engine.errors import EngineError
 
-COMMANDS = {"generate": generate, "chat": chat, "bench": bench}
+COMMANDS = {"generate": generate, "chat": chat, "bench": bench, "convert": convert}
 
 
 # Settings whose flag is not just --name-with-dashes: the sub-commands' own --seed is the
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        add_engine_args(p)
+        if getattr(module, "ENGINE_ARGS", True):
+            add_engine_args(p)
         module.add_args(p)
     args = parser.parse_args(argv)
     # Start-up facts (KV cache blocks, tokens and bytes) are logged at INFO.

@@ -2,8 +2,13 @@
 
 Every parameter carries ``weight_loader(param, loaded, shard_id=None)``: the generic model loader
 (engine/models/loader.py) hands it a checkpoint tensor and, for a fused layer, which shard it is.
-A new weight format or a parallel layout is a new class (or a pass replacing these modules, as
-engine/quantization does), never an edit of the model file.
+``loaded`` is a float tensor, or a weight already quantized (engine.quantization's Int4Weight /
+Int8Weight, from a GGUF file or a quantized safetensors checkpoint).
+
+The model file builds float layers only. A weight layout is a class here with the same shard
+geometry (``shards``) that the loader swaps in before loading (``quantized_like``, gpt-fast's
+pass style): Int4Linear and Int8Linear stage each shard's rows in plain codes and, once every
+shard has arrived, pack them into the CPU kernel's layout. Fused shards concatenate along N.
 """
 
 from __future__ import annotations
@@ -12,11 +17,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quantization.int4 import (Int4Weight, Int4WeightOnlyLinear, KERNEL_DTYPE,
+                                      check_int4_shape, quantize_int4)
+from engine.quantization.int8 import Int8Weight, Int8WeightOnlyLinear, quantize_int8
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+QuantizedWeight = Int4Weight | Int8Weight
+# The int8 LM head beats the bf16 GEMM up to this many rows (SmolLM2's [49152, 576] on AVX-512
+# BF16: 0.5 vs 3.8 ms at 1 row, 1.7 vs 3.0 ms at 8, 7.3 vs 4.9 ms at 32; bench/linear_kernels.py).
+LM_HEAD_INT8_MAX_ROWS = 8
+
+
+def as_float(loaded: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    return loaded.dequantize() if isinstance(loaded, (Int4Weight, Int8Weight)) else loaded
+
+
+def default_weight_loader(param: nn.Parameter, loaded, shard_id=None) -> None:
     """Copy a whole checkpoint tensor (parameters outside linear layers: norms, embeddings)."""
     if shard_id is not None:
         raise ValueError(f"this parameter has no shard {shard_id!r}")
+    loaded = as_float(loaded)
     if param.shape != loaded.shape:
         raise ValueError(f"checkpoint shape {tuple(loaded.shape)} != model shape {tuple(param.shape)}")
     param.data.copy_(loaded)
@@ -40,30 +59,34 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        """Copy a whole checkpoint tensor (``shard_id`` must be None: this layer is not fused)."""
-        default_weight_loader(param, loaded, shard_id)
+    @property
+    def shards(self) -> dict:
+        """shard_id -> (first row, rows); None is the whole fused weight."""
+        return {None: (0, self.out_features)}
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        if shard_id is None:
+            return default_weight_loader(param, loaded)
+        start, size = _shard_rows(self.shards, shard_id, loaded)
+        param.data[start:start + size].copy_(as_float(loaded).to(param.dtype))
 
 
 class MergedLinear(Linear):
     """Several projections of one input fused along the output (gate/up): shard i is rows
     ``sum(output_sizes[:i]) : + output_sizes[i]`` of the weight (and bias)."""
 
+    SHARDS: tuple = ()  # shard ids in row order; empty: 0, 1, ...
+
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
         super().__init__(in_features, sum(output_sizes), bias)
         self.output_sizes = list(output_sizes)
 
-    def shard_index(self, shard_id) -> int:
-        return shard_id
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if shard_id is None:
-            return default_weight_loader(param, loaded)
-        index = self.shard_index(shard_id)
-        start, size = sum(self.output_sizes[:index]), self.output_sizes[index]
-        if loaded.shape[0] != size:
-            raise ValueError(f"shard {shard_id!r} has {loaded.shape[0]} rows, expected {size}")
-        param.data[start:start + size].copy_(loaded.to(param.dtype))
+    @property
+    def shards(self) -> dict:
+        ids = self.SHARDS or range(len(self.output_sizes))
+        starts = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
+        return {None: (0, self.out_features),
+                **{i: (s, n) for i, s, n in zip(ids, starts, self.output_sizes)}}
 
 
 class QKVLinear(MergedLinear):
@@ -76,5 +99,143 @@ class QKVLinear(MergedLinear):
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         super().__init__(hidden_size, [q_size, kv_size, kv_size], bias)
 
-    def shard_index(self, shard_id) -> int:
-        return self.SHARDS.index(shard_id)
+
+def _shard_rows(shards: dict, shard_id, loaded) -> tuple[int, int]:
+    if shard_id not in shards:
+        raise ValueError(f"this parameter has no shard {shard_id!r}")
+    start, size = shards[shard_id]
+    if loaded.shape[0] != size:
+        raise ValueError(f"shard {shard_id!r} has {loaded.shape[0]} rows, expected {size}")
+    return start, size
+
+
+class _StagedLinear:
+    """Shard bookkeeping of a quantized layer: rows are staged in plain form until the last
+    shard (or the whole weight) arrives, then ``_pack`` builds the kernel layout."""
+
+    def _stage(self, like: Linear, codes_dtype: torch.dtype) -> None:
+        device = like.weight.device
+        self.shard_table = {k: v for k, v in like.shards.items()}
+        self._pending = {k for k in self.shard_table if k is not None} or {None}
+        # staging codes [N, K]; replaced by the packed layout once every shard is in
+        self.weight = nn.Parameter(torch.empty(like.out_features, like.in_features, dtype=codes_dtype,
+                                               device=device), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if like.bias is not None:
+            self.bias = nn.Parameter(torch.empty_like(like.bias), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        start, size = _shard_rows(self.shard_table, shard_id, loaded)
+        if param is self.bias:
+            param.data[start:start + size].copy_(as_float(loaded))
+            return
+        self._load_rows(start, size, loaded)
+        self._pending -= set(self.shard_table) if shard_id is None else {shard_id}
+        if not self._pending:
+            self._pack()
+
+
+class Int4Linear(_StagedLinear, Int4WeightOnlyLinear):
+    """Group-wise int4 in place of a (fused) Linear; loads Int4Weight shards as they are, float
+    ones through quantize_int4."""
+
+    def __init__(self, like: Linear, group_size: int):
+        nn.Module.__init__(self)
+        check_int4_shape(like.out_features, like.in_features, group_size)
+        self.in_features, self.out_features, self.group_size = (
+            like.in_features, like.out_features, group_size)
+        self._stage(like, torch.uint8)
+        groups = (like.out_features, like.in_features // group_size)
+        self._scales = torch.empty(groups, dtype=KERNEL_DTYPE, device=like.weight.device)
+        self._zeros = torch.empty(groups, dtype=KERNEL_DTYPE, device=like.weight.device)
+
+    def _load_rows(self, start: int, size: int, loaded) -> None:
+        if not (isinstance(loaded, Int4Weight) and loaded.group_size == self.group_size):
+            loaded = Int4Weight(*quantize_int4(as_float(loaded), self.group_size), self.group_size)
+        rows = slice(start, start + size)
+        self.weight.data[rows].copy_(loaded.codes)
+        self._scales[rows].copy_(loaded.scales)
+        self._zeros[rows].copy_(loaded.zeros)
+
+    def _pack(self) -> None:
+        codes, scales, zeros = self.weight.data, self._scales, self._zeros
+        del self.weight, self._scales, self._zeros
+        self.set_weight(codes, scales, zeros, self.group_size)
+
+
+class Int8Linear(_StagedLinear, Int8WeightOnlyLinear):
+    """Per-channel int8 in place of a (fused) Linear; loads Int8Weight shards as they are,
+    float ones through quantize_int8. Scales are kept in the activation dtype."""
+
+    def __init__(self, like: Linear, dtype: torch.dtype):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.dtype = like.in_features, like.out_features, dtype
+        self._stage(like, torch.int8)
+        self._scales = torch.empty(like.out_features, dtype=torch.float32, device=like.weight.device)
+
+    def _load_rows(self, start: int, size: int, loaded) -> None:
+        if not isinstance(loaded, Int8Weight):
+            loaded = Int8Weight(*quantize_int8(as_float(loaded)))
+        self.weight.data[start:start + size].copy_(loaded.q)
+        self._scales[start:start + size].copy_(loaded.scales)
+
+    def _pack(self) -> None:
+        q, scales = self.weight.data, self._scales
+        del self.weight, self._scales
+        self.set_weight(q, scales, self.dtype)
+
+
+def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
+                   dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The empty quantized layer ("int4" or "int8") that loads in place of ``layer``."""
+    if layout == "int4":
+        return Int4Linear(layer, group_size)
+    if layout == "int8":
+        return Int8Linear(layer, dtype)
+    raise ValueError(f"unknown linear layout {layout!r}")
+
+
+class LMHead(nn.Module):
+    """Vocabulary projection hidden [S, H] -> float32 logits [S, V], tied to the embedding or not.
+
+    ``prepare`` picks the product per step shape after loading: an int8 per-channel copy for
+    steps of at most LM_HEAD_INT8_MAX_ROWS rows when the model computes in bf16 (costs 1 byte a
+    weight more); a oneDNN-blocked copy in fp32 on CPU (1.5x faster there than the default BLAS
+    for this wide, short product; 4 bytes a weight more); else the weight itself.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, tied: nn.Parameter | None = None):
+        super().__init__()
+        if tied is not None:
+            self.weight = tied  # the embedding's own parameter: loaded once, under its name
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+            self.weight.weight_loader = default_weight_loader
+        self.packed_fp32 = None
+        self.small_rows: Int8WeightOnlyLinear | None = None
+
+    @torch.no_grad()
+    def prepare(self, *, int8_small_rows: bool) -> None:
+        weight = self.weight.detach()
+        self.packed_fp32 = self.small_rows = None
+        if weight.device.type != "cpu":
+            return
+        if int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
+            self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
+        elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            self.packed_fp32 = weight.to_mkldnn()
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory of the oneDNN copy (not a registered tensor; the int8 copy is a submodule)."""
+        return 0 if self.packed_fp32 is None else self.weight.numel() * 4
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.small_rows is not None and hidden.shape[0] <= LM_HEAD_INT8_MAX_ROWS:
+            return self.small_rows(hidden).float()
+        if self.packed_fp32 is not None:
+            out = torch._C._nn.mkldnn_linear(hidden.contiguous().to_mkldnn(), self.packed_fp32, None)
+            return out.to_dense()
+        return F.linear(hidden, self.weight).float()

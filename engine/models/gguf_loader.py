@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp): metadata -> ModelConfig, quantized tensors -> float32 in HF layout."""
+"""GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF layout: float32, or kept in
+their own precision (Q4_0/Q4_1 -> Int4Weight, Q8_0 -> Int8Weight) for the tensors the loader asks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from gguf.quants import dequantize
 from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
+from engine.quantization.gguf import q4_to_int4, q8_0_to_int8
+from engine.quantization.int4 import Int4Weight
+from engine.quantization.int8 import Int8Weight
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
 LAYER_TENSORS = {
@@ -34,6 +38,8 @@ GLOBAL_TENSORS = {
     "output.weight": "lm_head.weight",
 }
 LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# GGUF block type -> the layout it loads into without a float copy ("int4", group) / ("int8", None)
+NATIVE_LAYOUTS = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q8_0": ("int8", None)}
 # llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
 
@@ -180,16 +186,42 @@ class GGUFWeights:
     def __len__(self) -> int:
         return len(self._tensors)
 
+    def native_layouts(self) -> dict[str, tuple]:
+        """HF weight name -> ("int4", 32) or ("int8", None) for each 2-D tensor stored in blocks
+        that load into our layouts as they are; other tensors are absent (float)."""
+        return {name: NATIVE_LAYOUTS[t.tensor_type.name] for name, t in self._tensors
+                if t.tensor_type.name in NATIVE_LAYOUTS and name.endswith(".weight")
+                and len(t.shape) == 2}
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.iterate()
+
+    def iterate(self, keep_quantized: frozenset[str] = frozenset()
+                ) -> Iterator[tuple[str, torch.Tensor | Int4Weight | Int8Weight]]:
+        """Every tensor in HF layout: those named in ``keep_quantized`` (a subset of
+        native_layouts()) as Int4Weight / Int8Weight straight from their blocks, the rest
+        dequantized to float32."""
         for name, tensor in self._tensors:
             # GGUF shapes list the fastest-varying dimension first; HF's [out, in] is the reverse.
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            qtype = tensor.tensor_type.name
+            if name in keep_quantized:
+                if NATIVE_LAYOUTS[qtype][0] == "int4":
+                    weight = Int4Weight(*q4_to_int4(tensor.data, shape, qtype), 32)
+                else:
+                    weight = Int8Weight(*q8_0_to_int8(tensor.data, shape))
+                yield name, weight.map_rows(lambda rows: self._unpermuted(name, rows))
+                continue
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
             if not array.flags.writeable:  # a view into the read-only memory map
                 array = array.copy()
             weight = torch.from_numpy(array).reshape(shape)
-            if self._permutes_qk and ".self_attn.q_proj." in name:
-                weight = unpermute_qk(weight, self._config.num_attention_heads)
-            elif self._permutes_qk and ".self_attn.k_proj." in name:
-                weight = unpermute_qk(weight, self._config.num_key_value_heads)
-            yield name, weight.contiguous()
+            yield name, self._unpermuted(name, weight).contiguous()
+
+    def _unpermuted(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """llama.cpp's Q/K row order -> HF's (whole rows move: codes, scales, zeros alike)."""
+        if self._permutes_qk and ".self_attn.q_proj." in name:
+            return unpermute_qk(rows, self._config.num_attention_heads).contiguous()
+        if self._permutes_qk and ".self_attn.k_proj." in name:
+            return unpermute_qk(rows, self._config.num_key_value_heads).contiguous()
+        return rows

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint directories: config.json and *.safetensors shards."""
+"""Hugging Face checkpoint directories: config.json and *.safetensors shards, float or quantized
+(Pagoda's converted layout, GPTQ, AWQ: engine/quantization/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from safetensors import safe_open
 from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
+from engine.quantization import checkpoints
 
 INDEX_FILE = "model.safetensors.index.json"
 LM_HEAD = "lm_head.weight"
@@ -140,23 +142,76 @@ def load_hf_config(directory: Path) -> ModelConfig:
 
 
 class SafetensorsWeights:
-    """Tensors of a safetensors checkpoint, read one at a time from memory-mapped shards."""
+    """Tensors of a safetensors checkpoint, read one at a time from memory-mapped shards. A
+    quantized projection's stored parts (qweight, scales, ...) come out as one Int4Weight /
+    Int8Weight named ``<projection>.weight``."""
 
     def __init__(self, directory: Path, config: ModelConfig):
         names = weight_files(directory)
+        self._quant = _read_json(directory / "config.json").get("quantization_config") or {}
+        try:
+            self._method = checkpoints.method_of(self._quant)
+        except ValueError as exc:
+            raise ModelLoadError(f"{str(directory)!r}: {exc}") from exc
         skip = {LM_HEAD} if config.tie_word_embeddings else set()
+        parts = checkpoints.PARTS.get(self._method, ())
+        quantized = {n.removesuffix(".qweight") for n in names if parts and n.endswith(".qweight")}
         self._by_file: dict[Path, list[str]] = {}
         for name, file in names.items():
+            prefix, _, suffix = name.rpartition(".")
             if name in skip or name.endswith(SKIPPED_SUFFIXES):
                 continue
+            if prefix in quantized and suffix in parts and suffix != "qweight":
+                continue  # read with its qweight
             self._by_file.setdefault(file, []).append(name)
+        self._names = names
+        self._quantized = quantized
         self._count = sum(len(v) for v in self._by_file.values())
 
     def __len__(self) -> int:
         return self._count
 
+    def native_layouts(self) -> dict[str, tuple]:
+        """HF weight name -> ("int4", group) / ("int8", None) of each quantized projection."""
+        layouts = {}
+        for prefix in self._quantized:
+            if self._method == checkpoints.PAGODA and self._quant.get("bits") == 8:
+                layouts[f"{prefix}.weight"] = ("int8", None)
+                continue
+            scales, qweight = self._shape(f"{prefix}.scales"), self._shape(f"{prefix}.qweight")
+            groups, in_features = {checkpoints.PAGODA: (scales[1], qweight[1] * 2),  # [N, K / G]
+                                   "gptq": (scales[0], qweight[0] * 8)  # [K / G, N], [K / 8, N]
+                                   }.get(self._method, (scales[0], qweight[0]))  # AWQ: [K, N / 8]
+            group = in_features // groups
+            if group in checkpoints.GROUP_SIZES:
+                layouts[f"{prefix}.weight"] = ("int4", group)
+        return layouts
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for file, names in self._by_file.items():
             with safe_open(file, framework="pt") as shard:
                 for name in names:
-                    yield name, shard.get_tensor(name)
+                    prefix = name.removesuffix(".qweight")
+                    if prefix not in self._quantized:
+                        yield name, shard.get_tensor(name)
+                        continue
+                    yield f"{prefix}.weight", self._read_projection(prefix)
+
+    def iterate(self, keep_quantized: frozenset[str] = frozenset()):
+        return iter(self)  # quantized projections always come quantized (there is no float copy)
+
+    def _shape(self, name: str) -> list[int]:
+        with safe_open(self._names[name], framework="pt") as shard:
+            return shard.get_slice(name).get_shape()
+
+    def _read_projection(self, prefix: str):
+        parts = {}
+        for part in checkpoints.PARTS[self._method]:
+            name = f"{prefix}.{part}"
+            if name in self._names:
+                with safe_open(self._names[name], framework="pt") as shard:
+                    parts[part] = shard.get_tensor(name)
+        try:
+            return checkpoints.read_projection(self._method, parts, self._quant)
+        except ValueError as exc:
+            raise ModelLoadError(f"{prefix}: {exc}") from exc

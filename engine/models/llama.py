@@ -15,7 +15,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import Linear, MergedLinear, QKVLinear
+from engine.layers.linear import LMHead, Linear, MergedLinear, QKVLinear
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
 
@@ -106,11 +106,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, use_triton)
-        self._packed_lm_head = None
-        if cfg.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        tied = self.model.embed_tokens.weight if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tied)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
@@ -118,21 +115,5 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [S, hidden] -> float32 logits [S, vocab]."""
-        if self._packed_lm_head is not None:
-            out = torch._C._nn.mkldnn_linear(hidden.contiguous().to_mkldnn(), self._packed_lm_head, None)
-            return out.to_dense()
-        return F.linear(hidden, self.lm_head_weight).float()
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def pack_for_cpu(self) -> None:
-        """Keep a oneDNN-blocked copy of the vocabulary projection, the largest GEMM of a decode
-        step: on CPUs oneDNN runs this wide, short product about 1.5x faster than the default
-        BLAS (bench/throughput.py). Costs one more copy of that matrix in memory."""
-        weight = self.lm_head_weight
-        if (weight.device.type == "cpu" and weight.dtype == torch.float32
-                and torch.backends.mkldnn.is_available()):
-            self._packed_lm_head = weight.detach().to_mkldnn()
+        """hidden: [S, hidden] -> float32 logits [S, vocab] (engine/layers/linear.LMHead)."""
+        return self.lm_head(hidden)

@@ -5,6 +5,12 @@ Both formats come out the same way, so model code only knows Hugging Face parame
 ("model.layers.0.self_attn.q_proj.weight", ...). "lm_head.weight" is absent when tied.
 ``load_weights`` routes each tensor to its parameter's ``weight_loader`` (engine/layers/linear.py),
 through the model's ``packed_modules_mapping`` for fused layers.
+
+Quantized weights: ``plan_layouts`` decides which projections become int4 / int8 layers (from
+the config's ``quantization`` and what the checkpoint stores natively), ``apply_layouts`` swaps
+those layers in before loading, and ``weights_for`` asks the source to hand the tensors that
+land in a layer of their own layout over as they are (GGUF Q4 blocks as Int4Weight codes,
+never a float matrix).
 """
 
 from __future__ import annotations
@@ -13,18 +19,29 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+import logging
+
 import torch
 from torch import nn
 
-from engine.layers.linear import default_weight_loader
+from engine.layers.linear import Linear, default_weight_loader, quantized_like
+from engine.quantization.int4 import check_int4_shape
 from engine.models.model_config import ModelConfig
 from engine.models.registry import checkpoint_format, resolve_model_path
+
+
+logger = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
     def __len__(self) -> int: ...  # number of tensors the iterator yields
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    # Optional: HF weight name -> ("int4", group) | ("int8", None) for tensors stored quantized,
+    # and an iterator yielding those named as Int4Weight / Int8Weight rather than float.
+    # def native_layouts(self) -> dict[str, tuple]: ...
+    # def iterate(self, keep_quantized: frozenset[str]) -> Iterator[...]: ...
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
@@ -56,7 +73,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue
-        if name == "lm_head.weight" and getattr(model, "lm_head", None) is None:
+        if name == "lm_head.weight" and name not in params:
             continue  # tied: the embedding already holds it
         target, shard_id = name, None
         for fragment, (fused, shard) in packed.items():
@@ -73,3 +90,73 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         missing.discard(target)
     if missing:
         raise KeyError(f"checkpoint lacks tensors for: {sorted(missing)[:8]}")
+
+
+def _checkpoint_names(model: nn.Module, module_name: str) -> list[str]:
+    """The HF weight names a (fused) layer of ``model`` loads: qkv_proj -> q/k/v_proj.weight."""
+    prefix, _, leaf = module_name.rpartition(".")
+    parts = [hf for hf, (fused, _) in getattr(model, "packed_modules_mapping", {}).items()
+             if fused == leaf] or [leaf]
+    return [f"{prefix}.{part}.weight" for part in parts]
+
+
+def plan_layouts(model: nn.Module, native: dict[str, tuple], quantization: str | None,
+                 group_size: int) -> dict[str, tuple]:
+    """Layer name -> ("int4", group) | ("int8", None) for each projection to hold quantized.
+
+    auto: a layer whose every shard the checkpoint stores in one native layout keeps it; int4:
+    every projection, in the checkpoint's own groups where it has int4, else ``group_size``;
+    int8: every projection; none/None: nothing. A shape the int4 kernel refuses stays float
+    (logged). The LM head is not a Linear: LMHead.prepare decides its product.
+    """
+    if quantization in (None, "none"):
+        return {}
+    plan = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear):
+            continue
+        layouts = {native.get(n) for n in _checkpoint_names(model, name)}
+        if quantization == "auto":
+            if len(layouts) != 1 or None in layouts:
+                continue
+            layout = layouts.pop()
+        elif quantization == "int4":
+            (only,) = layouts if len(layouts) == 1 else (None,)
+            layout = only if only is not None and only[0] == "int4" else ("int4", group_size)
+        else:
+            layout = ("int8", None)
+        if layout[0] == "int4":
+            try:
+                check_int4_shape(module.out_features, module.in_features, layout[1])
+            except ValueError as exc:
+                logger.warning("%s stays float: %s", name, exc)
+                continue
+        plan[name] = layout
+    return plan
+
+
+@torch.no_grad()
+def apply_layouts(model: nn.Module, plan: dict[str, tuple], dtype: torch.dtype, *,
+                  keep_values: bool = False) -> None:
+    """Swap each planned layer for its empty quantized counterpart (same shards), before loading;
+    ``keep_values`` quantizes the values the float layer holds (a randomly initialised model)."""
+    for name, (layout, group_size) in plan.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        new = quantized_like(old, layout, group_size=group_size or 32, dtype=dtype)
+        if keep_values:
+            if old.bias is not None:
+                new.weight_loader(new.bias, old.bias.data)
+            new.weight_loader(new.weight, old.weight.data)
+        setattr(parent, child, new)
+
+
+def weights_for(source, plan: dict[str, tuple], model: nn.Module):
+    """The source's tensors, those landing in a layer of their own native layout as they are."""
+    if not plan or not hasattr(source, "iterate"):
+        return source
+    native = source.native_layouts()
+    keep = frozenset(n for layer, layout in plan.items() for n in _checkpoint_names(model, layer)
+                     if native.get(n) == layout)
+    return source.iterate(keep)

@@ -21,6 +21,8 @@ dequantize-and-multiply kernel is to come).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,6 +78,29 @@ def int4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Te
     return out.to(x.dtype)
 
 
+@dataclass
+class Int4Weight:
+    """One weight in plain int4 form, as checkpoints and loaders hand it over:
+    codes uint8 [N, K] in 0..15, scales and zeros [N, K / group_size]; w = (q - 8) * s + z."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def map_rows(self, fn) -> Int4Weight:
+        """The same weight with ``fn`` (a permutation of rows, [N, ...] -> [N, ...]) applied to
+        codes, scales and zeros alike."""
+        return Int4Weight(fn(self.codes), fn(self.scales), fn(self.zeros), self.group_size)
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_int4(self.codes, self.scales, self.zeros, self.group_size)
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """codes uint8 [N, K] -> uint8 [N, K / 2], even columns in the low nibble (storage layout)."""
     return codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -92,6 +117,12 @@ class Int4WeightOnlyLinear(nn.Module):
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  group_size: int, bias: torch.Tensor | None = None):
         super().__init__()
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.set_weight(codes, scales, zeros, group_size)
+
+    def set_weight(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                   group_size: int) -> None:
+        """Pack plain codes uint8 [N, K] with scales and zeros [N, K / group] into the kernel's layout."""
         out_features, in_features = codes.shape
         check_int4_shape(out_features, in_features, group_size)
         expected = (out_features, in_features // group_size)
@@ -108,7 +139,6 @@ class Int4WeightOnlyLinear(nn.Module):
         # [K / group, N, 2]: (scale, zero) pairs, the kernel's qScaleAndZeros
         self.register_buffer("scales_and_zeros", torch.stack(
             [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, group_size: int = 32,

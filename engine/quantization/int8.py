@@ -9,6 +9,8 @@ layers, and any off the CPU, dequantize the weight to the activation's dtype bef
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +33,24 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
+@dataclass
+class Int8Weight:
+    """One weight in int8 form: q int8 [N, K], scales float32 [N]; w = q * s per row."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def map_rows(self, fn) -> Int8Weight:
+        return Int8Weight(fn(self.q), fn(self.scales))
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_int8(self.q, self.scales)
+
+
 def int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
                           bias: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch float32 x @ (q * s).T (+ b), returned in x's dtype."""
@@ -48,11 +68,14 @@ class Int8WeightOnlyLinear(nn.Module):
             raise ValueError(f"int8 weight must be a 2-D int8 tensor, got {q.dtype} {tuple(q.shape)}")
         if tuple(scales.shape) != (q.shape[0],):
             raise ValueError(f"int8 scales must be [{q.shape[0]}], got {tuple(scales.shape)}")
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.set_weight(q, scales, dtype)
+
+    def set_weight(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_int8", q.contiguous())
         # kept in the dtype the model computes in, so the kernel needs no cast per call
         self.register_buffer("scales", scales.detach().to(dtype))
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -5,10 +5,12 @@ model file never changes. Linear-like: a module whose class name ends in "Linear
 nn.Linear, engine Linear layers, transformers' projections) with a 2-D ``weight`` [out, in] used
 as x @ W.T and an optional 1-D bias; embeddings and norms are never touched.
 
-The LM head is skipped unless asked: Pagoda's LlamaForCausalLM does not call ``lm_head`` as a
-module (compute_logits reads ``lm_head_weight``, which is the embedding itself when tied, as in
-SmolLM2, and may keep a oneDNN-packed copy), so a swapped module would silently go unused; and the
-vocabulary projection is the layer whose error reaches the sampled token most directly.
+The LM head is skipped unless asked (a transformers model's ``lm_head`` is an nn.Linear):
+the vocabulary projection is the layer whose error reaches the sampled token most directly.
+Pagoda's own LMHead is not linear-like: it picks its product per step shape itself
+(engine/layers/linear.LMHead.prepare). The engine's loader swaps layers before loading rather
+than after (engine/models/loader.plan_layouts), so a quantized checkpoint never passes through
+float; this pass is for a model already in memory.
 """
 
 from __future__ import annotations

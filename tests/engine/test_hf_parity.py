@@ -7,6 +7,8 @@ from engine import LLM, SamplingParams
 from engine.tokenizer import apply_chat_template
 
 NUM_TOKENS = 32
+# The exact path: float32 activations and float weights, whatever the defaults become.
+EXACT = dict(dtype="float32", quantization=None)
 CHATS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -45,7 +47,7 @@ def smollm2_reference(hf_smollm2, smollm2_prompts):
 
 @pytest.fixture(scope="module")
 def smollm2_llm(smollm2_path):
-    return LLM(str(smollm2_path), num_kv_blocks=512)
+    return LLM(str(smollm2_path), num_kv_blocks=512, **EXACT)
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS)
@@ -67,7 +69,7 @@ def test_smollm2_batch_of_mixed_lengths_matches_transformers(smollm2_llm, smollm
 
 def test_smollm2_chunked_prefill_matches_transformers(smollm2_path, smollm2_prompts,
                                                       smollm2_reference):
-    llm = LLM(str(smollm2_path), max_num_batched_tokens=16, num_kv_blocks=256)
+    llm = LLM(str(smollm2_path), max_num_batched_tokens=16, num_kv_blocks=256, **EXACT)
     outputs = llm.generate(smollm2_prompts, GREEDY)
     assert_same(outputs, smollm2_reference)
     llm.engine.block_manager.check_all_free()
@@ -75,7 +77,7 @@ def test_smollm2_chunked_prefill_matches_transformers(smollm2_path, smollm2_prom
 
 def test_smollm2_preemption_matches_transformers(smollm2_path, smollm2_prompts, smollm2_reference):
     # 14 blocks of 16 tokens: the longest request alone needs ~8, all five together ~30.
-    llm = LLM(str(smollm2_path), num_kv_blocks=14, enable_prefix_caching=False)
+    llm = LLM(str(smollm2_path), num_kv_blocks=14, enable_prefix_caching=False, **EXACT)
     outputs = llm.generate(smollm2_prompts, GREEDY)
     assert llm.engine.stats().num_preemptions > 0
     assert_same(outputs, smollm2_reference)
@@ -110,9 +112,9 @@ def test_tiny_random_models_match_transformers(fixture, request):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = [[1 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in enumerate((3, 17, 40, 9, 70))]
     reference = [hf_greedy(hf, p, NUM_TOKENS, [-1]) for p in prompts]
-    llm = LLM(str(path), num_kv_blocks=64)
+    llm = LLM(str(path), num_kv_blocks=64, **EXACT)
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     assert_same(llm.generate(prompts, params), reference)
-    chunked = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=8)
+    chunked = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT)
     assert_same(chunked.generate(prompts, params), reference)
     llm.engine.block_manager.check_all_free()

@@ -28,6 +28,7 @@ MIB = 1 << 20
 FORM_SETTINGS = (
     ("max_model_len", "Context length (tokens)", "int"),
     ("dtype", "Dtype", "choice"),
+    ("quantization", "Weight quantization", "choice"),
     ("block_size", "KV block size (tokens)", "choice"),
     ("kv_cache_memory", "KV cache budget (MiB)", "mib"),
     ("max_num_seqs", "Max running requests", "int"),

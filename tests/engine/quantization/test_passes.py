@@ -29,7 +29,7 @@ def test_pass_replaces_the_engine_projections_and_leaves_embeddings_norms_and_lm
     assert sorted(replaced) == sorted(f"model.layers.{i}.{p}" for i in range(2) for p in (
         "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
     assert isinstance(model.model.layers[1].self_attn.qkv_proj, Int4WeightOnlyLinear)
-    assert type(model.lm_head).__name__ == "Linear"  # compute_logits reads its weight directly
+    assert type(model.lm_head).__name__ == "LMHead"  # its own products: LMHead.prepare
     assert isinstance(model.model.embed_tokens, torch.nn.Embedding)
 
 
