@@ -15,7 +15,8 @@ import socket
 import threading
 import uuid
 
-from workers.transport import EngineClient, TransportUnreachable, WorkerTransport
+from workers.transport import Admission, EngineClient, TransportUnreachable, WorkerTransport
+
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -23,6 +24,19 @@ def new_worker_id() -> str:
 
 _clients: dict[str | None, EngineClient] = {}
 _clients_lock = threading.Lock()
+
+
+_admission = Admission()
+
+
+def set_admission(admission: Admission) -> None:
+    """The queue bound and deadlines of every client of this process, present and future (the
+    web process calls it once at startup, from its settings)."""
+    global _admission
+    with _clients_lock:
+        _admission = admission
+        for client in _clients.values():
+            client.admission = admission
 
 
 def get_engine_client(redis_url: str | None) -> EngineClient:
@@ -36,6 +50,7 @@ def get_engine_client(redis_url: str | None) -> EngineClient:
             else:
                 from workers.memory_transport import MemoryEngineClient, default_broker
                 client = MemoryEngineClient(default_broker())
+            client.admission = _admission
             _clients[redis_url] = client
         return client
 

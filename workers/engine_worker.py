@@ -6,8 +6,18 @@ Each iteration: apply aborts, admit new requests while there is room (blocking b
 queue only when the engine is idle, so an idle worker does not spin), run one engine step,
 send the chunks that are due. A separate heartbeat thread announces the worker with its
 metrics. ``request_stop()`` (any thread) begins the drain: no new requests, the heartbeat says
-``draining``, running requests finish within ``drain_timeout`` and what is left then gets
-``worker_lost``.
+``draining``, requests the engine has not started yet go back to the queue for another worker,
+running requests finish within ``drain_timeout`` and what is left then gets ``worker_lost``.
+
+Room is what the engine can start now: the worker takes nothing while its engine still has
+requests waiting (KV cache full, or preempted ones), so the excess waits in the shared queue,
+where another worker can take it and the admission bound counts it.
+
+Faults: a request the engine failed alone (FinishReason.ERROR) gets an internal_error chunk; an
+engine that cannot run a minimal request is announced unhealthy, takes nothing and is probed
+every HEALTH_PROBE_INTERVAL_S until it recovers. A transport outage (Redis restarting) does not
+end the loop: the engine keeps stepping, replies wait in the outbox, and the transport is
+retried with backoff, then reconnected (group, subscription) and the worker announced again.
 """
 
 from __future__ import annotations
@@ -24,13 +34,14 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
+from engine.outputs import REQUEST_FAILED, FinishReason
 from engine.sampling_params import SamplingParams
 from workers.heartbeat import Heartbeat
 from workers.metrics import WorkerMetrics
 from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER,
                               WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo)
 from workers.replies import InFlight
-from workers.transport import WorkerTransport
+from workers.transport import TransportUnreachable, WorkerTransport
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +49,10 @@ IDLE_POLL_S = 0.1  # how long an idle loop blocks on the queue before checking a
 STATS_INTERVAL_S = 0.2
 RECENT_ABORT_TTL_S = 120.0  # aborts for requests not read yet are remembered this long
 MAX_QUEUE_CREDIT_S = 300.0  # queueing time counted into latencies (bounds clock skew)
+HEALTH_PROBE_INTERVAL_S = 5.0  # an unhealthy engine is probed (check_health) this often
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.1, 2.0  # retrying an unreachable transport
+FAILED_MESSAGE = "the worker failed while adding this request"  # what a client may read
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams) if f.init)
-
-
-def engine_config(path: str, engine_settings: dict) -> EngineConfig:
-    """Validated config; an unknown setting raises InvalidParameterError naming it."""
-    return EngineConfig.from_settings(path, engine_settings)
 
 
 def sampling_params(params: object) -> SamplingParams:
@@ -57,11 +66,13 @@ def sampling_params(params: object) -> SamplingParams:
 
 
 def error_info(exc: Exception) -> ErrorInfo:
+    """A refusal meant for the client keeps its message; any other failure gets a stable one
+    (the caller logs the exception)."""
     if isinstance(exc, ContextLengthExceededError):
         return ErrorInfo(CONTEXT_LENGTH_EXCEEDED, exc.message, exc.param)
     if isinstance(exc, InvalidParameterError):
         return ErrorInfo(INVALID_PARAMETER, exc.message, exc.param)
-    return ErrorInfo(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+    return ErrorInfo(INTERNAL_ERROR, FAILED_MESSAGE)
 
 
 class EngineWorker:
@@ -72,7 +83,7 @@ class EngineWorker:
                  on_ready: Callable[[], None] | None = None):
         self.model = model
         self.version = version
-        self.config = engine_config(path, dict(engine_settings))
+        self.config = EngineConfig.from_settings(path, dict(engine_settings))
         self.transport = transport
         self.worker_id = transport.worker_id
         self.drain_timeout = drain_timeout
@@ -90,6 +101,11 @@ class EngineWorker:
         self._stats: dict = {}
         self._stats_at = 0.0
         self._last_tick = time.monotonic()
+        self._next_probe = 0.0  # monotonic time of the next health probe while unhealthy
+        self._was_healthy = True
+        self._down_since: float | None = None  # the transport's outage began (monotonic)
+        self._retry_at = 0.0
+        self._backoff = MIN_BACKOFF_S
         self._announce_lock = threading.Lock()
         self.heartbeat = Heartbeat(self.announce, lambda: self._last_tick)
 
@@ -117,7 +133,7 @@ class EngineWorker:
             host=socket.gethostname(), pid=os.getpid(), started_at=self.started_at,
             last_heartbeat=time.time(), max_num_seqs=self.config.max_num_seqs,
             max_model_len=engine.max_model_len if engine else 0, stats=self._stats,
-            draining=not self.accepting)
+            draining=not self.accepting, healthy=engine.is_healthy if engine else True)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -173,25 +189,120 @@ class EngineWorker:
             if self.is_stopping:
                 if self.accepting:
                     self.accepting = False
-                    self._refresh_stats(force=True)
-                    self.announce()  # clients stop routing here now
                     logger.info("worker %s draining %d requests", self.worker_id, len(self._inflight))
+                    self._hand_back_unstarted()
+                    self._refresh_stats(force=True)
+                    self._announce_now()  # clients stop routing here now
                 if (not self._inflight or self._stop_now
                         or now - self._stop_at > self.drain_timeout):
                     return
-            self._apply_aborts(self.transport.poll_aborts(), now)
+            self._watch_health(now)
+            if self._transport_up(now):
+                try:
+                    self._apply_aborts(self.transport.poll_aborts(), now)
+                except TransportUnreachable as exc:
+                    self._transport_lost(exc, now)
             if engine.has_unfinished_requests():
                 self._step()
             self._collect_due_chunks(time.monotonic())
-            # Replies out and new requests in, in one round trip; only an idle engine waits.
-            room = self.config.max_num_seqs - len(self._inflight) if self.accepting else 0
+            room = self._room()
             idle = not engine.has_unfinished_requests()
-            outbox, self._outbox = self._outbox, []
-            wait_s = IDLE_POLL_S if idle and room > 0 else 0.0
-            self._admit(self.transport.exchange(outbox, room, wait_s))
-            if idle and room <= 0 and not self._outbox:
-                time.sleep(IDLE_POLL_S)  # draining with nothing to run: do not spin
+            if self._transport_up(now):
+                # Replies out and new requests in, in one round trip; only an idle engine waits.
+                outbox, self._outbox = self._outbox, []
+                wait_s = IDLE_POLL_S if idle and room > 0 else 0.0
+                try:
+                    self._admit(self.transport.exchange(outbox, room, wait_s))
+                except TransportUnreachable as exc:
+                    self._outbox = outbox + self._outbox  # sent again once it is back
+                    self._transport_lost(exc, now)
+                if idle and room <= 0 and not self._outbox:
+                    time.sleep(IDLE_POLL_S)  # draining with nothing to run: do not spin
+            elif idle:
+                time.sleep(min(IDLE_POLL_S, max(0.0, self._retry_at - time.monotonic())))
             self._refresh_stats()
+
+    def _room(self) -> int:
+        """How many requests to take now: none while draining, unhealthy, or while the engine
+        still has requests it could not start (they would wait here instead of elsewhere)."""
+        engine = self.engine
+        if not self.accepting or not engine.is_healthy or engine.stats().num_waiting > 0:
+            return 0
+        return max(0, self.config.max_num_seqs - len(self._inflight))
+
+    def _announce_now(self) -> None:
+        try:
+            self.announce()
+        except TransportUnreachable as exc:  # the heartbeat says it once the transport is back
+            logger.warning("worker %s: could not announce itself: %s", self.worker_id, exc)
+
+    # ----------------------------------------------------------------- faults
+    def _watch_health(self, now: float) -> None:
+        """An unhealthy engine takes nothing (see _room) and is probed now and then."""
+        engine = self.engine
+        if not engine.is_healthy and now >= self._next_probe:
+            self._next_probe = now + HEALTH_PROBE_INTERVAL_S
+            engine.check_health()
+        if engine.is_healthy != self._was_healthy:
+            self._was_healthy = engine.is_healthy
+            if engine.is_healthy:
+                logger.warning("worker %s: the engine recovered; taking requests again",
+                               self.worker_id)
+            else:
+                logger.error("worker %s: the engine is unhealthy (%s); taking no requests",
+                             self.worker_id, engine.health_error)
+            self._refresh_stats(force=True)
+            self._announce_now()
+
+    def _transport_up(self, now: float) -> bool:
+        """False during an outage, between retries; a due retry reconnects first."""
+        if self._down_since is None:
+            return True
+        if now < self._retry_at:
+            return False
+        try:
+            self.transport.reconnect()
+        except TransportUnreachable as exc:
+            self._transport_lost(exc, now)
+            return False
+        logger.warning("worker %s: the transport is back after %.1f s; %d requests kept",
+                       self.worker_id, now - self._down_since, len(self._inflight))
+        self._down_since, self._backoff = None, MIN_BACKOFF_S
+        self._announce_now()
+        return True
+
+    def _transport_lost(self, exc: Exception, now: float) -> None:
+        if self._down_since is None:
+            logger.warning("worker %s: the transport is unreachable (%s); retrying, %d requests "
+                           "kept", self.worker_id, exc, len(self._inflight))
+            self._down_since, self._backoff = now, MIN_BACKOFF_S
+        else:
+            self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+        self._retry_at = now + self._backoff
+
+    def _hand_back_unstarted(self) -> None:
+        """Draining: requests the engine has produced nothing for yet go back to the queue for
+        another worker, so that the drain timeout is spent on running requests only."""
+        unstarted = [(rid, f) for rid, f in self._inflight.items() if f.latest is None]
+        if not unstarted:
+            return
+        released = [(f.reply_to, Reply("released", self.worker_id)) for _rid, f in unstarted]
+        outbox, self._outbox = self._outbox + released, []
+        try:
+            # The release before the requeue: the next claim must arrive after it.
+            self.transport.exchange(outbox, 0, 0.0)
+            self.transport.requeue([f.request for _rid, f in unstarted])
+        except TransportUnreachable as exc:  # they stay here and run, or meet the drain timeout
+            logger.warning("worker %s: could not hand back %d requests: %s", self.worker_id,
+                           len(unstarted), exc)
+            self._outbox = [o for o in outbox if o[1].kind != "released"]
+            return
+        for request_id, _inflight in unstarted:
+            with contextlib.suppress(RequestNotFoundError):
+                self.engine.abort_request(request_id)  # its abort output is ignored: not ours now
+            del self._inflight[request_id]
+        logger.info("worker %s handed %d requests it had not started back to the queue",
+                    self.worker_id, len(unstarted))
 
     # ----------------------------------------------------------------- requests
     def _admit(self, requests: list[GenerateRequest]) -> None:
@@ -206,7 +317,7 @@ class EngineWorker:
                                         sampling_params(req.params), priority=req.priority,
                                         arrival_time=self._arrival_time(req.created_at))
             except Exception as exc:
-                if not isinstance(exc, InvalidParameterError):
+                if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)
                 self._fail(req.reply_to, req.request_id, error_info(exc))
             else:
@@ -247,12 +358,16 @@ class EngineWorker:
             outputs = self.engine.step()
         except Exception:
             logger.exception("engine step failed; failing the %d running requests", len(self._inflight))
-            self._fail_inflight(ErrorInfo(INTERNAL_ERROR,
-                                          "the engine failed while running this request"))
+            self._fail_inflight(ErrorInfo(INTERNAL_ERROR, REQUEST_FAILED))
             return
         for out in outputs:
             inflight = self._inflight.get(out.request_id)
             if inflight is None:
+                continue
+            if out.finish_reason == FinishReason.ERROR:  # failed alone; the others go on
+                del self._inflight[out.request_id]
+                self._fail(inflight.reply_to, out.request_id,
+                           ErrorInfo(INTERNAL_ERROR, out.error or REQUEST_FAILED))
                 continue
             inflight.add(out)
             metrics = out.metrics

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from workers.protocol import HEARTBEAT_INTERVAL_S
+from workers.transport import TransportUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +45,21 @@ class Heartbeat:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        was_stalled = False
+        was_stalled = was_down = False
         while not self._stop.wait(self.interval_s):
             try:
                 stalled = not self.beat()
-            except Exception:  # a Redis hiccup must not end the heartbeat for good
+            except TransportUnreachable as exc:  # Redis restarting: beat again once it is back
+                if not was_down:
+                    logger.warning("heartbeat: %s", exc)
+                was_down = True
+                continue
+            except Exception:  # a hiccup must not end the heartbeat for good
                 logger.exception("heartbeat failed")
                 continue
+            if was_down:
+                logger.warning("heartbeat: announced again")
+            was_down = False
             if stalled and not was_stalled:
                 logger.error("engine loop silent for over %.0f s: heartbeat withheld",
                              self.stall_limit_s)

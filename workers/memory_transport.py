@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from workers.protocol import HEARTBEAT_TTL_S, GenerateRequest, Reply, WorkerInfo
-from workers.transport import EngineClient
+from workers.transport import EngineClient, is_serving
 
 
 @dataclass
@@ -51,10 +51,29 @@ class MemoryBroker:
             self._sinks[reply_to] = _Sink(loop, queue)
         return queue
 
-    def submit(self, req: GenerateRequest) -> None:
+    def submit(self, req: GenerateRequest, max_queued: int | None = None) -> bool:
+        """Queue ``req``; False (not queued) when ``max_queued`` requests of its model wait."""
         with self._lock:
-            self._queues[req.model].append(req)
+            queue = self._queues[req.model]
+            if max_queued is not None and len(queue) >= max_queued:
+                return False
+            queue.append(req)
             self._arrived.notify_all()
+            return True
+
+    def requeue(self, model: str, requests: list[GenerateRequest]) -> None:
+        """Put requests a worker took back at the head of the queue, in their order."""
+        with self._lock:
+            queue = self._queues[model]
+            for req in reversed(requests):
+                self._claims.pop(req.request_id, None)
+                queue.appendleft(req)
+            self._arrived.notify_all()
+
+    def withdraw(self, req: GenerateRequest) -> bool:
+        """Take ``req`` off its queue; False when a worker has taken it already."""
+        with self._lock:
+            return self._withdraw(req.model, req.request_id)
 
     def close_request(self, req: GenerateRequest) -> None:
         with self._lock:
@@ -62,11 +81,12 @@ class MemoryBroker:
             self._claims.pop(req.request_id, None)
             self._withdraw(req.model, req.request_id)
 
-    def _withdraw(self, model: str, request_id: str) -> None:
+    def _withdraw(self, model: str, request_id: str) -> bool:
         queue = self._queues.get(model)
-        if queue:
-            for req in [r for r in queue if r.request_id == request_id]:
-                queue.remove(req)
+        found = [r for r in queue if r.request_id == request_id] if queue else []
+        for req in found:
+            queue.remove(req)
+        return bool(found)
 
     def claimant(self, request_id: str) -> str | None:
         with self._lock:
@@ -160,10 +180,15 @@ class MemoryEngineClient(EngineClient):
     def _reply_address(self, request_id: str) -> str:
         return f"memory:{request_id}"
 
-    async def _submit(self, req: GenerateRequest) -> asyncio.Queue:
+    async def _submit(self, req: GenerateRequest, max_queued: int) -> asyncio.Queue | None:
         queue = self.broker.open_sink(req.reply_to, asyncio.get_running_loop())
-        self.broker.submit(req)
+        if not self.broker.submit(req, max_queued):
+            self.broker.close_request(req)
+            return None
         return queue
+
+    async def _withdraw(self, req: GenerateRequest, ticket) -> bool:
+        return self.broker.withdraw(req)
 
     async def _next_replies(self, req: GenerateRequest, ticket: asyncio.Queue,
                             timeout_s: float) -> list[Reply]:
@@ -175,8 +200,8 @@ class MemoryEngineClient(EngineClient):
             replies.extend(ticket.get_nowait())
         return replies
 
-    async def _serving_worker_ids(self, model: str) -> set[str]:
-        return {w.worker_id for w in self.broker.live_workers(model) if not w.draining}
+    async def _serving_workers(self, model: str) -> list[WorkerInfo]:
+        return [w for w in self.broker.live_workers(model) if is_serving(w)]
 
     async def _is_alive(self, model: str, worker_id: str) -> bool:
         return self.broker.is_alive(worker_id)
@@ -216,6 +241,12 @@ class MemoryWorkerTransport:
         if max_count <= 0:
             return []
         return self.broker.take(self.model, self.worker_id, max_count, timeout_s)
+
+    def requeue(self, requests: list[GenerateRequest]) -> None:
+        self.broker.requeue(self.model, requests)
+
+    def reconnect(self) -> None:
+        pass  # nothing to lose in-process
 
     def close(self) -> None:
         pass

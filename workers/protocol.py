@@ -25,7 +25,14 @@ INVALID_PARAMETER = "invalid_parameter"
 NO_WORKER = "no_worker"
 WORKER_LOST = "worker_lost"
 INTERNAL_ERROR = "internal_error"
-ERROR_CODES = (CONTEXT_LENGTH_EXCEEDED, INVALID_PARAMETER, NO_WORKER, WORKER_LOST, INTERNAL_ERROR)
+# Load shedding (workers/transport.py's Admission): the client is told to retry after
+# ErrorInfo.retry_after seconds.
+SERVER_OVERLOADED = "server_overloaded"  # the model's queue is full
+QUEUE_TIMEOUT = "queue_timeout"  # no worker started it within the queue deadline
+REQUEST_TIMEOUT = "request_timeout"  # it ran past the overall deadline
+QUEUE_UNAVAILABLE = "queue_unavailable"  # the transport (Redis) is unreachable
+ERROR_CODES = (CONTEXT_LENGTH_EXCEEDED, INVALID_PARAMETER, NO_WORKER, WORKER_LOST, INTERNAL_ERROR,
+               SERVER_OVERLOADED, QUEUE_TIMEOUT, REQUEST_TIMEOUT, QUEUE_UNAVAILABLE)
 
 
 class ProtocolError(ValueError):
@@ -47,6 +54,7 @@ class ErrorInfo:
     code: str  # one of ERROR_CODES
     message: str
     param: str | None = None  # the request field at fault, for invalid_parameter / context length
+    retry_after: float | None = None  # seconds after which a retry may succeed (load shedding)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -137,6 +145,9 @@ class WorkerInfo:
     max_model_len: int
     stats: dict = field(default_factory=dict)
     draining: bool = False  # after SIGTERM: finishing running requests, taking no new ones
+    # False while the engine cannot run a minimal request (LLMEngine.is_healthy): the worker
+    # takes no requests and probes the engine until it recovers; /readyz counts it as not serving.
+    healthy: bool = True
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -151,9 +162,11 @@ class Reply:
     """One message on a request's reply channel: the claim (which worker took it) or a chunk.
 
     The claim lets the client watch that one worker's heartbeat instead of the model's.
+    "released": a draining worker handed the (not yet started) request back to the queue; the
+    client waits for the next claim.
     """
 
-    kind: str  # "claimed" | "chunk"
+    kind: str  # "claimed" | "released" | "chunk"
     worker_id: str
     chunk: Chunk | None = None
 
@@ -164,7 +177,7 @@ class Reply:
     @classmethod
     def from_dict(cls, data: dict) -> Reply:
         reply = _from_dict(cls, data)
-        if reply.kind not in ("claimed", "chunk"):
+        if reply.kind not in ("claimed", "released", "chunk"):
             raise ProtocolError(f"Reply: unknown kind {reply.kind!r}")
         if reply.chunk is not None:
             reply.chunk = Chunk.from_dict(reply.chunk)

@@ -12,11 +12,20 @@
   holds the request aborts it.
 - Heartbeats: a key per worker holding its WorkerInfo as JSON, with a TTL; the key's existence
   is liveness, so no clocks are compared across hosts. A set lists the keys for enumeration.
+- Admission: a request is queued only while fewer than the bound of its model's entries are in
+  the stream (XLEN and XADD in one script, so web processes cannot overshoot together); entries
+  leave the stream once a worker acknowledges them, so XLEN counts what waits. Nothing is ever
+  trimmed: a full queue refuses, it does not drop the oldest.
+- Faults: every client has connect and read timeouts (a blocking read's BLOCK stays below the
+  read timeout), so an outage fails fast; a worker rides it out (workers/engine_worker.py) and
+  reconnect() re-creates what a restarted server lost (the group, the subscription).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import weakref
@@ -25,17 +34,36 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 
-from workers.protocol import (HEARTBEAT_TTL_S, INVALID_PARAMETER, Chunk, ErrorInfo,
-                              GenerateRequest, ProtocolError, Reply, WorkerInfo)
-from workers.transport import EngineClient
+from workers.protocol import (HEARTBEAT_TTL_S, INVALID_PARAMETER, WATCH_INTERVAL_S, Chunk,
+                              ErrorInfo, GenerateRequest, ProtocolError, Reply, WorkerInfo)
+from workers.transport import EngineClient, TransportUnreachable, is_serving
 
 logger = logging.getLogger(__name__)
 
 GROUP = "engine-workers"
 WORKERS_SET = "pagoda:workers"
 REPLY_TTL_S = 60
-REQUEST_STREAM_MAXLEN = 100_000  # approximate; entries are deleted once claimed
 DEAD_CONSUMER_IDLE_MS = 30_000
+CONNECT_TIMEOUT_S = 2.0
+# Above the longest BLOCK any caller uses (a client's WATCH_INTERVAL_S, a worker's IDLE_POLL_S).
+READ_TIMEOUT_S = 5.0
+assert WATCH_INTERVAL_S < READ_TIMEOUT_S
+REDIS_OPTIONS = dict(decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                     socket_timeout=READ_TIMEOUT_S, health_check_interval=30)
+# Transient: the server is down, restarting or too slow; anything else is a bug and raises.
+OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+# KEYS[1] the model's stream; ARGV: bound, the entry's JSON. The new entry id, or false if full.
+_SUBMIT = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
+"""
+# KEYS[1] the stream; ARGV: group, entry id. 1 when withdrawn, 0 when a worker has read it.
+_WITHDRAW = """
+local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if ok and #pending > 0 then return 0 end
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
 
 
 def request_stream(model: str) -> str:
@@ -77,7 +105,7 @@ class RedisEngineClient(EngineClient):
 
     def __init__(self, url: str):
         self.url = url
-        self._sync = redis.Redis.from_url(url, decode_responses=True)
+        self._sync = redis.Redis.from_url(url, **REDIS_OPTIONS)
         # redis.asyncio connections belong to the loop that made them: one client per loop.
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -85,7 +113,9 @@ class RedisEngineClient(EngineClient):
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = redis.asyncio.Redis.from_url(self.url, decode_responses=True)
+            client = redis.asyncio.Redis.from_url(self.url, **REDIS_OPTIONS)
+            client.submit_script = client.register_script(_SUBMIT)
+            client.withdraw_script = client.register_script(_WITHDRAW)
             self._clients[loop] = client
         return client
 
@@ -108,11 +138,14 @@ class RedisEngineClient(EngineClient):
     def _reply_address(self, request_id: str) -> str:
         return reply_stream(request_id)
 
-    async def _submit(self, req: GenerateRequest) -> _Ticket:
-        entry_id = await self._redis().xadd(
-            request_stream(req.model), {"data": json.dumps(req.to_dict())},
-            maxlen=REQUEST_STREAM_MAXLEN, approximate=True)
-        return _Ticket(entry_id)
+    async def _submit(self, req: GenerateRequest, max_queued: int) -> _Ticket | None:
+        entry_id = await self._redis().submit_script(
+            keys=[request_stream(req.model)], args=[max_queued, json.dumps(req.to_dict())])
+        return _Ticket(entry_id) if entry_id else None
+
+    async def _withdraw(self, req: GenerateRequest, ticket: _Ticket) -> bool:
+        return bool(await self._redis().withdraw_script(
+            keys=[request_stream(req.model)], args=[GROUP, ticket.entry_id]))
 
     async def _next_replies(self, req: GenerateRequest, ticket: _Ticket,
                             timeout_s: float) -> list[Reply]:
@@ -125,13 +158,12 @@ class RedisEngineClient(EngineClient):
                 replies.append(Reply.from_dict(json.loads(fields["data"])))
         return replies
 
-    async def _serving_worker_ids(self, model: str) -> set[str]:
+    async def _serving_workers(self, model: str) -> list[WorkerInfo]:
         r = self._redis()
         keys = [k for k in await r.smembers(WORKERS_SET) if k.startswith(worker_key(model, ""))]
         if not keys:
-            return set()
-        return {w.worker_id for w in _parse_workers(await r.mget(keys))
-                if w.model == model and not w.draining}
+            return []
+        return [w for w in _parse_workers(await r.mget(keys)) if w.model == model and is_serving(w)]
 
     async def _is_alive(self, model: str, worker_id: str) -> bool:
         return bool(await self._redis().exists(worker_key(model, worker_id)))
@@ -147,9 +179,20 @@ class RedisEngineClient(EngineClient):
     async def _close(self, req: GenerateRequest, ticket: _Ticket, finished: bool) -> None:
         async with self._redis().pipeline(transaction=False) as pipe:
             pipe.unlink(req.reply_to)
-            if not finished:  # still queued: withdraw it (a no-op once a worker has taken it)
+            if not finished:  # still queued: withdraw it (a worker that took it hears the abort)
                 pipe.xdel(request_stream(req.model), ticket.entry_id)
             await pipe.execute()
+
+
+def _outage_is_unreachable(method):
+    """Redis down (refused, reset, timed out) leaves the method as TransportUnreachable."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OUTAGE_ERRORS as exc:
+            raise TransportUnreachable(f"Redis: {exc}") from exc
+    return wrapper
 
 
 class RedisWorkerTransport:
@@ -160,14 +203,22 @@ class RedisWorkerTransport:
         self.worker_id = worker_id
         self.stream = request_stream(model)
         self.key = worker_key(model, worker_id)
-        self.r = redis.Redis.from_url(url, decode_responses=True)
-        self._create_group()
-        self._reap_dead_consumers()
-        # Subscribed before the first announcement, so no abort for a claimed request is missed.
-        self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(abort_channel(model))
+        self.r = redis.Redis.from_url(url, **REDIS_OPTIONS)
         self._to_ack: list[str] = []  # entries read, acknowledged with the claims they caused
         self._rejects: list[tuple[str, Reply]] = []  # errors for malformed entries, sent next
+        self._pubsub = None
+        self.reconnect()
+
+    @_outage_is_unreachable
+    def reconnect(self) -> None:
+        self._create_group()
+        self._reap_dead_consumers()
+        # Subscribed before the (next) announcement, so no abort for a claimed request is missed.
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                self._pubsub.close()
+        self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(abort_channel(self.model))
 
     def _create_group(self) -> None:
         try:
@@ -177,19 +228,26 @@ class RedisWorkerTransport:
                 raise
 
     def _reap_dead_consumers(self) -> None:
-        """Forget consumers of SIGKILLed workers; their clients were told worker_lost."""
+        """Forget consumers of SIGKILLed workers, and the entries they read but never
+        acknowledged (their clients were told worker_lost): those would count as queued."""
         for consumer in self.r.xinfo_consumers(self.stream, GROUP):
             name = consumer["name"]
             if consumer["idle"] > DEAD_CONSUMER_IDLE_MS and not self.r.exists(
                     worker_key(self.model, name)):
+                pending = self.r.xpending_range(self.stream, GROUP, min="-", max="+",
+                                                count=10_000, consumername=name)
+                if pending:
+                    self.r.xdel(self.stream, *[p["message_id"] for p in pending])
                 self.r.xgroup_delconsumer(self.stream, GROUP, name)
 
+    @_outage_is_unreachable
     def heartbeat(self, info: WorkerInfo) -> None:
         with self.r.pipeline(transaction=False) as pipe:
             pipe.set(self.key, json.dumps(info.to_dict()), px=int(HEARTBEAT_TTL_S * 1000))
             pipe.sadd(WORKERS_SET, self.key)
             pipe.execute()
 
+    @_outage_is_unreachable
     def unregister(self) -> None:
         with self.r.pipeline(transaction=False) as pipe:
             pipe.delete(self.key)
@@ -197,25 +255,28 @@ class RedisWorkerTransport:
             pipe.xgroup_delconsumer(self.stream, GROUP, self.worker_id)
             pipe.execute()
 
+    @_outage_is_unreachable
     def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
                  timeout_s: float) -> list[GenerateRequest]:
         """Write ``replies`` (acknowledging the entries they answer), then read up to
         ``max_count`` new requests. Without waiting it is one round trip; with ``timeout_s`` > 0
-        (an idle engine) the read blocks up to that long for the first request."""
-        replies, self._rejects = self._rejects + list(replies), []
+        (an idle engine) the read blocks up to that long for the first request. On an outage
+        nothing is lost here: the caller sends ``replies`` again, and the acks stay due."""
+        replies = self._rejects + list(replies)
         read_now = max_count > 0 and timeout_s <= 0
+        to_ack = self._to_ack
         with self.r.pipeline(transaction=False) as pipe:
             for reply_to, reply in replies:
                 pipe.xadd(reply_to, {"data": json.dumps(reply.to_dict())})
             for reply_to in {reply_to for reply_to, _ in replies}:
                 pipe.expire(reply_to, REPLY_TTL_S)
-            if self._to_ack:
-                pipe.xack(self.stream, GROUP, *self._to_ack)
-                pipe.xdel(self.stream, *self._to_ack)
-                self._to_ack = []
+            if to_ack:
+                pipe.xack(self.stream, GROUP, *to_ack)
+                pipe.xdel(self.stream, *to_ack)
             if read_now:
                 pipe.xreadgroup(GROUP, self.worker_id, {self.stream: ">"}, count=max_count)
             results = pipe.execute(raise_on_error=False) if len(pipe) else []
+        self._rejects, self._to_ack = [], self._to_ack[len(to_ack):]
         read = results.pop() if read_now else None
         for result in results:
             if isinstance(result, Exception):
@@ -225,11 +286,14 @@ class RedisWorkerTransport:
         if max_count <= 0:
             return []
         try:
-            # BLOCK 0 would mean forever.
-            result = self.r.xreadgroup(GROUP, self.worker_id, {self.stream: ">"},
-                                       count=max_count, block=max(1, int(timeout_s * 1000)))
+            # BLOCK 0 would mean forever; and it stays below the read timeout.
+            result = self.r.xreadgroup(GROUP, self.worker_id, {self.stream: ">"}, count=max_count,
+                                       block=max(1, int(min(timeout_s, READ_TIMEOUT_S / 2) * 1000)))
         except redis.ResponseError as exc:
             result = exc
+        except OUTAGE_ERRORS:  # the replies are out already: not an error to send them again for
+            logger.warning("worker %s: Redis went away during a read", self.worker_id)
+            return []
         return self._read(result)
 
     def _read(self, result) -> list[GenerateRequest]:
@@ -271,6 +335,17 @@ class RedisWorkerTransport:
                 self._rejects.append((reply_to, Reply("chunk", self.worker_id, chunk)))
             return None
 
+    @_outage_is_unreachable
+    def requeue(self, requests: list[GenerateRequest]) -> None:
+        """Back on the model's stream (at its tail: a stream keeps arrival order)."""
+        if not requests:
+            return
+        with self.r.pipeline(transaction=False) as pipe:
+            for req in requests:
+                pipe.xadd(self.stream, {"data": json.dumps(req.to_dict())})
+            pipe.execute()
+
+    @_outage_is_unreachable
     def poll_aborts(self) -> list[str]:
         aborted = []
         while (message := self._pubsub.get_message(timeout=0.0)) is not None:

@@ -21,6 +21,7 @@ def logprob_to_dict(lp) -> dict:
 
 class InFlight:
     def __init__(self, req: GenerateRequest):
+        self.request = req  # to hand it back to the queue while nothing of it was produced
         self.request_id = req.request_id
         self.reply_to = req.reply_to
         self._text: list[str] = []

@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.config import EngineConfig
 from engine.errors import InvalidParameterError
 from workers.connect import worker_transport
-from workers.engine_worker import EngineWorker, engine_config
+from workers.engine_worker import EngineWorker
 from workers.transport import TransportUnreachable
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ModelServer:
                 return False
             self._failed = None
             try:
-                engine_config(spec.path, dict(spec.engine_settings))  # before connecting
+                EngineConfig.from_settings(spec.path, dict(spec.engine_settings))  # before connecting
             except InvalidParameterError:
                 self._failed = spec
                 raise

@@ -12,11 +12,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from workers.protocol import (INTERNAL_ERROR, NO_WORKER, WATCH_INTERVAL_S, WORKER_LOST, Chunk,
-                              ErrorInfo, GenerateRequest, Reply, WorkerInfo)
+from workers.protocol import (NO_WORKER, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE, REQUEST_TIMEOUT,
+                              SERVER_OVERLOADED, WATCH_INTERVAL_S, WORKER_LOST, Chunk, ErrorInfo,
+                              GenerateRequest, Reply, WorkerInfo)
 
 logger = logging.getLogger(__name__)
 
@@ -26,29 +28,73 @@ logger = logging.getLogger(__name__)
 _NO_WORKER_STRIKES = 2
 
 
+# Default queue bound per model: this many queued requests per sequence the model's serving
+# workers can run at once (the max_num_seqs they announce), so a full queue is about two
+# batches of waiting: what a worker can start within a generation or two.
+QUEUE_SLOTS_PER_SEQ = 2
+RETRY_AFTER_S = 2.0  # what a refused client is told to wait: about one slot's turnover
+UNREACHABLE_RETRY_AFTER_S = 5.0  # a Redis outage: the time a restart takes
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """Load shedding on the client side: beyond these a request fails fast, never hangs.
+
+    ``max_queued``: requests of one model waiting for a worker, across every web process (None:
+    QUEUE_SLOTS_PER_SEQ x the serving workers' max_num_seqs); one more is refused at once with
+    server_overloaded. ``queue_timeout_s``: how long a request may wait for a worker to take it
+    (queue_timeout). ``request_timeout_s``: how long it may take overall, queueing included
+    (request_timeout; the worker is told to abort it). None disables a deadline.
+    """
+
+    max_queued: int | None = None
+    queue_timeout_s: float | None = 30.0
+    request_timeout_s: float | None = 600.0
+
+    def __post_init__(self):
+        if self.max_queued is not None and self.max_queued < 1:
+            raise ValueError("max_queued must be at least 1")
+        for name in ("queue_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive")
+
+    def queue_bound(self, serving: list[WorkerInfo]) -> int:
+        if self.max_queued is not None:
+            return self.max_queued
+        return max(1, QUEUE_SLOTS_PER_SEQ * sum(max(1, w.max_num_seqs) for w in serving))
+
+
 class TransportUnreachable(Exception):
-    """A worker could not connect to its transport (Redis down, wrong URL)."""
+    """The transport (Redis) cannot be reached: down, restarting, or a wrong URL."""
 
 
 def _unreachable(exc: Exception) -> ErrorInfo:
-    return ErrorInfo(INTERNAL_ERROR, f"the request queue is unreachable: {exc}")
+    """A stable message for the client; the driver's text goes to the log."""
+    logger.warning("the request queue is unreachable: %s", exc)
+    return ErrorInfo(QUEUE_UNAVAILABLE, "the request queue is unreachable; try again shortly",
+                     retry_after=UNREACHABLE_RETRY_AFTER_S)
 
 
 class EngineClient(abc.ABC):
     """Async client of the engine workers; safe to share between tasks of an event loop."""
 
-    # Exceptions of the transport itself (Redis unreachable...): they become internal_error chunks.
+    # Exceptions of the transport itself (Redis unreachable...): they become queue_unavailable chunks.
     transport_errors: tuple[type[Exception], ...] = ()
+    admission: Admission = Admission()  # replaced through workers.connect.get_engine_client
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Chunk]:
         """Yield the request's chunks; the last has ``finished=True`` (and ``error`` on failure).
 
-        Closing the iterator early (aclose(), cancellation) aborts the request in the engine.
+        ``admission`` sheds load: a full queue, a request no worker started within the queue
+        deadline or one past the overall deadline ends at once with an error chunk (with
+        ``retry_after``). Closing the iterator early (aclose(), cancellation) aborts the request
+        in the engine.
         """
         if not req.reply_to:
             req = dataclasses.replace(req, reply_to=self._reply_address(req.request_id))
         try:
-            serving = await self._serving_worker_ids(req.model)
+            serving = await self._serving_workers(req.model)
         except self.transport_errors as exc:
             yield Chunk.failure(req.request_id, _unreachable(exc))
             return
@@ -56,15 +102,42 @@ class EngineClient(abc.ABC):
             yield Chunk.failure(req.request_id, ErrorInfo(
                 NO_WORKER, f"no live worker serves the model {req.model!r}", "model"))
             return
+        admission = self.admission
+        started = time.monotonic()
+        queue_deadline = _deadline(started, admission.queue_timeout_s)
+        deadline = _deadline(started, admission.request_timeout_s)
         ticket = None
         done = False  # a worker sent the last chunk: nothing to withdraw or abort
         try:
-            ticket = await self._submit(req)
+            ticket = await self._submit(req, admission.queue_bound(serving))
+            if ticket is None:
+                yield Chunk.failure(req.request_id, ErrorInfo(
+                    SERVER_OVERLOADED, f"the model {req.model!r} has too many requests waiting; "
+                                       "try again shortly", retry_after=RETRY_AFTER_S))
+                return
             worker_id: str | None = None
             strikes = 0
             while True:
-                replies = await self._next_replies(req, ticket, WATCH_INTERVAL_S)
+                now = time.monotonic()
+                if worker_id is None and now >= queue_deadline:
+                    if await self._withdraw(req, ticket):
+                        yield Chunk.failure(req.request_id, ErrorInfo(
+                            QUEUE_TIMEOUT, f"no worker started the request within "
+                                           f"{admission.queue_timeout_s:g} s; try again shortly",
+                            retry_after=RETRY_AFTER_S))
+                        return
+                    queue_deadline = float("inf")  # a worker has it: its claim is on the way
+                if now >= deadline:
+                    yield Chunk.failure(req.request_id, ErrorInfo(
+                        REQUEST_TIMEOUT, f"the request did not finish within "
+                                         f"{admission.request_timeout_s:g} s",
+                        retry_after=RETRY_AFTER_S))
+                    return  # _clean_up aborts it in the worker
+                wait_s = min(WATCH_INTERVAL_S, max(0.01, min(queue_deadline, deadline) - now))
+                replies = await self._next_replies(req, ticket, wait_s)
                 if not replies:
+                    if wait_s < WATCH_INTERVAL_S:
+                        continue  # woke for a deadline, not after a silent interval
                     error, strikes = await self._check_liveness(req, ticket, worker_id, strikes)
                     if error is not None:
                         yield Chunk.failure(req.request_id, error)
@@ -74,6 +147,8 @@ class EngineClient(abc.ABC):
                 for reply in replies:
                     if reply.kind == "claimed":
                         worker_id = reply.worker_id
+                    elif reply.kind == "released":  # handed back by a draining worker
+                        worker_id = None
                     elif reply.chunk is not None:
                         done = reply.chunk.finished
                         yield reply.chunk
@@ -104,7 +179,7 @@ class EngineClient(abc.ABC):
                 return None, 0
             return ErrorInfo(WORKER_LOST, f"the worker {worker_id} serving this request stopped "
                                           f"sending heartbeats"), 0
-        if await self._serving_worker_ids(req.model):
+        if await self._serving_workers(req.model):
             return None, 0
         if strikes + 1 < _NO_WORKER_STRIKES:
             return None, strikes + 1
@@ -125,16 +200,22 @@ class EngineClient(abc.ABC):
     def _reply_address(self, request_id: str) -> str: ...
 
     @abc.abstractmethod
-    async def _submit(self, req: GenerateRequest):
-        """Open the reply channel, then queue the request; returns a transport ticket."""
+    async def _submit(self, req: GenerateRequest, max_queued: int):
+        """Open the reply channel, then queue the request unless ``max_queued`` requests of its
+        model wait already (checked and queued atomically, across processes); returns a
+        transport ticket, or None when the queue is full."""
+
+    @abc.abstractmethod
+    async def _withdraw(self, req: GenerateRequest, ticket) -> bool:
+        """Take the request off the queue; False when a worker has taken it already."""
 
     @abc.abstractmethod
     async def _next_replies(self, req: GenerateRequest, ticket, timeout_s: float) -> list[Reply]:
         """Replies that arrived, waiting up to ``timeout_s`` for the first; [] on silence."""
 
     @abc.abstractmethod
-    async def _serving_worker_ids(self, model: str) -> set[str]:
-        """Live workers of ``model`` that take new requests (not draining)."""
+    async def _serving_workers(self, model: str) -> list[WorkerInfo]:
+        """Live workers of ``model`` that take new requests (not draining, engine healthy)."""
 
     @abc.abstractmethod
     async def _is_alive(self, model: str, worker_id: str) -> bool: ...
@@ -148,9 +229,23 @@ class EngineClient(abc.ABC):
         """Release the reply channel; when unfinished, also withdraw the request if still queued."""
 
 
+def _deadline(start: float, timeout_s: float | None) -> float:
+    return float("inf") if timeout_s is None else start + timeout_s
+
+
+def is_serving(info: WorkerInfo) -> bool:
+    """Takes new requests: not draining, and its engine can run them."""
+    return not info.draining and info.healthy
+
+
 class WorkerTransport(Protocol):
     """The worker side of a transport, bound to one model and one worker id; the engine loop
-    (workers/engine_worker.py) is its only caller, from the worker's own thread."""
+    (workers/engine_worker.py) is its only caller, from the worker's own thread (and its
+    heartbeat thread, for heartbeat()).
+
+    Every method but close() raises TransportUnreachable while the transport is down; the
+    worker keeps its state, retries with backoff and calls reconnect() before resuming.
+    """
 
     worker_id: str
 
@@ -161,4 +256,9 @@ class WorkerTransport(Protocol):
                  timeout_s: float) -> list[GenerateRequest]:
         """Send ``replies``, then take up to ``max_count`` new requests, waiting up to
         ``timeout_s`` for the first."""
+    def requeue(self, requests: list[GenerateRequest]) -> None:
+        """Put taken requests back at the head of the model's queue, for another worker."""
+    def reconnect(self) -> None:
+        """After an outage: restore what the transport lost (a restarted Redis forgets the
+        consumer group and the abort subscription)."""
     def close(self) -> None: ...

@@ -182,8 +182,9 @@ async def test_an_unreachable_redis_is_an_error_chunk_not_an_exception():
 
         chunks = await collect(RedisEngineClient(url), request("tiny", PROMPT, greedy(4)))
 
-    assert [c.error.code for c in chunks] == ["internal_error"]
-    assert chunks[0].finished and "unreachable" in chunks[0].error.message
+    assert [c.error.code for c in chunks] == ["queue_unavailable"]
+    assert chunks[0].finished and chunks[0].error.retry_after > 0
+    assert chunks[0].error.message == "the request queue is unreachable; try again shortly"
 
 
 @pytest.mark.asyncio

@@ -45,9 +45,10 @@ def check_redis() -> str | None:
 def check_workers() -> list[str]:
     """A reason for every active model that no live, non-draining worker serves."""
     from workers.connect import get_engine_client
+    from workers.transport import is_serving
 
     workers = get_engine_client(settings.REDIS_URL).live_workers()
-    serving = {w.model for w in workers if not w.draining}
+    serving = {w.model for w in workers if is_serving(w)}  # not draining, engine healthy
     return [f"no live worker serves the model {v.model.slug!r}" for v in modelversion_list_active()
             if v.model.slug not in serving]
 

@@ -7,12 +7,14 @@ or traceback (those go to the log).
 from __future__ import annotations
 
 import logging
+import math
 
 from django.http import JsonResponse
 from rest_framework.exceptions import ValidationError
 
 from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, ERROR_CODES, INTERNAL_ERROR, INVALID_PARAMETER,
-                              NO_WORKER, WORKER_LOST, ErrorInfo)
+                              NO_WORKER, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE, REQUEST_TIMEOUT, SERVER_OVERLOADED,
+                              WORKER_LOST, ErrorInfo)
 
 INVALID_REQUEST = "invalid_request_error"
 logger = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
     if info.code == NO_WORKER:
         return OpenAIError(503, f"{info.message}; try again shortly", type="server_error", param="model",
                            code=NO_WORKER)
+    if info.code in SHED_MESSAGES:
+        return shed(info)
     logger.error("request failed on the worker side: %s: %s", info.code, info.message)
     if info.code == WORKER_LOST:
         return OpenAIError(503, "The worker serving this request stopped before it finished; try again.",
@@ -114,6 +118,22 @@ def from_error_info(info: ErrorInfo, *, prompt_param: str) -> OpenAIError:
     code = info.code if info.code in ERROR_CODES else INTERNAL_ERROR
     return OpenAIError(500, "The server had an error while processing your request.", type="server_error",
                        code=code)
+
+
+# Load shed by workers.transport.Admission (the queue bound, the deadlines) or a Redis outage: 503 with
+# Retry-After, so that clients (the openai library among them) back off and retry.
+SHED_MESSAGES = {
+    SERVER_OVERLOADED: "The server is overloaded: too many requests are waiting for this model; try again shortly.",
+    QUEUE_TIMEOUT: "The request waited too long for a worker to start it; try again shortly.",
+    REQUEST_TIMEOUT: "The request did not finish within the server's time limit.",
+    QUEUE_UNAVAILABLE: "The server cannot reach its request queue; try again shortly.",
+}
+
+
+def shed(info: ErrorInfo) -> OpenAIError:
+    retry_after = max(1, math.ceil(info.retry_after or 1))
+    return OpenAIError(503, SHED_MESSAGES[info.code], type="server_error", code=info.code,
+                       headers={"Retry-After": str(retry_after)})
 
 
 def limit_exceeded(code: str, message: str, retry_after: int | None) -> OpenAIError:

@@ -137,6 +137,12 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None  # embedded mode: tasks run in the caller
 CELERY_TASK_EAGER_PROPAGATES = True
+# A Redis outage: fail fast, and reconnect by itself (at startup too) once Redis is back.
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 2}
+CELERY_REDIS_SOCKET_TIMEOUT = 5
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 2
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
@@ -159,6 +165,13 @@ PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", 
 # SIGTERM to the web server: running API requests get this many seconds to finish (embedded
 # workers drain within it), then they are aborted; see webapp/config/shutdown.py.
 PAGODA_DRAIN_TIMEOUT = float(os.environ.get("PAGODA_DRAIN_TIMEOUT", "30"))
+# Load shedding (workers.transport.Admission; README "Operations"): requests of one model waiting
+# for a worker, across web processes (unset: 2 x the serving workers' max_num_seqs), how long one
+# may wait for a worker to start it, and how long it may take overall; beyond them: 503 + Retry-After.
+PAGODA_MAX_QUEUED_PER_MODEL = int(os.environ["PAGODA_MAX_QUEUED_PER_MODEL"]) if os.environ.get(
+    "PAGODA_MAX_QUEUED_PER_MODEL") else None
+PAGODA_QUEUE_TIMEOUT_S = float(os.environ.get("PAGODA_QUEUE_TIMEOUT_S", "30"))
+PAGODA_REQUEST_TIMEOUT_S = float(os.environ.get("PAGODA_REQUEST_TIMEOUT_S", "600"))
 # /readyz names the failing check only to staff, or to a probe sending this in X-Readyz-Token.
 PAGODA_READYZ_TOKEN = os.environ.get("PAGODA_READYZ_TOKEN", "")
 from celery.schedules import crontab  # noqa: E402
