@@ -71,7 +71,12 @@ class ModelRunner:
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
         native = getattr(weights, "native_layouts", dict)()
-        self.quantization_plan = plan_layouts(self.model, native, config.quantization,
+        # Off the CPU the int4/int8 layers dequantize before every product until a Triton
+        # dequantize-and-multiply kernel lands, so auto keeps float weights there.
+        quantization = config.quantization
+        if quantization == "auto" and self.device.type != "cpu":
+            quantization = None
+        self.quantization_plan = plan_layouts(self.model, native, quantization,
                                               config.quantization_group_size)
         if weights is None:
             _init_random_weights(self.model, config.seed)
@@ -82,8 +87,8 @@ class ModelRunner:
                                                                 self.model), progress,
                                                  len(weights) if hasattr(weights, "__len__") else 0))
         # the int8 vocabulary projection for small steps where anything is quantized (bf16 only)
-        self.model.lm_head.prepare(int8_small_rows=config.quantization not in (None, "none") and (
-            bool(self.quantization_plan) or config.quantization != "auto" or any(
+        self.model.lm_head.prepare(int8_small_rows=quantization not in (None, "none") and (
+            bool(self.quantization_plan) or quantization != "auto" or any(
                 native.get(n) for n in ("model.embed_tokens.weight", "lm_head.weight"))))
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
