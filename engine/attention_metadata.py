@@ -30,6 +30,10 @@ class DecodeGroup:
     row_end: int
     flat_block_ids: torch.Tensor  # [g * max_blocks_in_group] long, row-major block tables
     mask: torch.Tensor  # [g, 1, 1, max_blocks_in_group * block_size] bool, True = attend
+    # A group of one sequence whose blocks are consecutive in the pool (a lone stream's usually
+    # are): its first block, so a float32 cache is read through a view (no gather, no mask).
+    block_run_start: int | None = None
+    context_len: int = 0  # of the group's first sequence, this step's token included
 
 
 @dataclass

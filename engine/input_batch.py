@@ -85,7 +85,16 @@ def _fill_torch_metadata(meta, prefills, decodes, block_size, device) -> None:
             row_start=g, row_end=g + len(group),
             flat_block_ids=_tensor([b for t in tables for b in t], device),
             mask=mask[:, None, None, :].to(device),
+            block_run_start=(group[0].seq.block_table[0] if len(group) == 1
+                             and _is_one_run(tables[0]) else None),
+            context_len=context_lens[0],
         ))
+
+
+def _is_one_run(blocks: list[int]) -> bool:
+    """Whether ``blocks`` are consecutive block ids, ascending."""
+    return blocks[-1] - blocks[0] == len(blocks) - 1 and all(
+        b - a == 1 for a, b in zip(blocks, blocks[1:]))
 
 
 def _fill_triton_metadata(meta, prefills, decodes, block_size, device) -> None:

@@ -67,6 +67,9 @@ class PagedAttention(nn.Module):
         k_flat.index_copy_(0, meta.slot_mapping, k)
         v_flat.index_copy_(0, meta.slot_mapping, v)
 
+        n = meta.num_prefill_tokens
+        if n == 0 and len(meta.decode_groups) == 1:  # e.g. one stream decoding: no output copy
+            return self._decode(q, k_cache, v_cache, meta.decode_groups[0], meta.workspace)
         out = torch.empty_like(q)
         for p in meta.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
@@ -75,7 +78,6 @@ class PagedAttention(nn.Module):
             else:
                 out[rows] = self._prefill(q[rows], k_flat[p.context_slots], v_flat[p.context_slots],
                                           p.context_len - p.query_len)
-        n = meta.num_prefill_tokens
         for g in meta.decode_groups:
             rows = slice(n + g.row_start, n + g.row_end)
             out[rows] = self._decode(q[rows], k_cache, v_cache, g, meta.workspace)
@@ -100,6 +102,8 @@ class PagedAttention(nn.Module):
         """q: [B, H, D], one token per sequence, attending to its whole cached context."""
         b = q.shape[0]
         _, block_size, kvh, d = k_cache.shape
+        if g.block_run_start is not None and k_cache.dtype == torch.float32:
+            return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
         num_blocks = g.flat_block_ids.shape[0]
         length = num_blocks // b * block_size
         k_buf, v_buf = workspace.pair((num_blocks, block_size, kvh, d), k_cache.dtype)
@@ -112,6 +116,22 @@ class PagedAttention(nn.Module):
         q = q.view(b, kvh, self.group, d)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=self.scale)
         return o.reshape(b, self.num_heads, d)
+
+    def _decode_one_run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        first_block: int, context_len: int) -> torch.Tensor:
+        """q: [1, H, D] of one sequence whose cache is blocks first_block, first_block + 1, ...
+
+        Reads K/V through a view of the pool: no gather into the workspace, no mask. In float32
+        two matmuls over the strided views measured 1.3x (40 tokens) to 2.4x (1,000 tokens)
+        faster than gathering then scaled_dot_product_attention; in bfloat16 the same matmuls
+        took 15x longer than the gather (a slow strided bf16 bmm), hence float32 only."""
+        _, block_size, kvh, d = k_cache.shape
+        end = first_block - (-context_len // block_size)
+        k = k_cache[first_block:end].view(-1, kvh, d)[:context_len].transpose(0, 1)  # [KVH, L, D]
+        v = v_cache[first_block:end].view(-1, kvh, d)[:context_len].transpose(0, 1)
+        # The `group` query heads sharing a KV head act as `group` query rows.
+        scores = torch.matmul(q.view(kvh, self.group, d) * self.scale, k.transpose(1, 2))  # [KVH, g, L]
+        return torch.matmul(scores.softmax(dim=-1), v).view(1, self.num_heads, d)
 
     def _forward_triton(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         from engine.kernels.attention_decode import paged_decode_attention

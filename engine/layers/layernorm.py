@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -23,8 +24,11 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(dtype)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # one call instead of seven; the same ops in the same order, bit-identical to HF's
+            out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        else:
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            out = self.weight * h.to(x.dtype)
         return out if residual is None else (out, residual)

@@ -34,6 +34,12 @@ def rope_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Ten
 
 
 class RotaryEmbedding(nn.Module):
+    """One per model, shared by its layers: the tables depend only on the positions.
+
+    On the PyTorch path a step looks up its positions once (``prepare``) and every layer then
+    rotates its Q and K heads together in four ops (``rotate``); the Triton path rotates in place.
+    """
+
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None,
                  use_triton: bool = False):
         super().__init__()
@@ -41,9 +47,28 @@ class RotaryEmbedding(nn.Module):
         self.use_triton = use_triton
         inv_freq = rope_inv_freq(head_dim, base, scaling)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        # [max_position, head_dim]: cos of the half-frequencies, then sin.
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1),
-                             persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        if use_triton:
+            # [max_position, head_dim]: cos of the half-frequencies, then sin (the kernel's layout).
+            self.register_buffer("cos_sin_cache", torch.cat([cos, sin], dim=-1), persistent=False)
+        else:
+            # [max_position, 2, head_dim]: full-width cos, and sin with rotate_half's sign folded
+            # in, so rotate_half(x) * sin == roll(x, D/2) * [-sin, sin] exactly.
+            self.register_buffer("cos_sin_cache", torch.stack(
+                [torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)], dim=1), persistent=False)
+
+    def prepare(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Once per step: [T, 2, D] tables of ``positions`` for ``rotate``; None on the Triton path."""
+        if self.use_triton:
+            return None
+        return self.cos_sin_cache[positions].to(dtype)
+
+    def rotate(self, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """x: [T, N, D] (any strides), table from ``prepare``. Returns rotated [T, N, D] (HF's
+        x * cos + rotate_half(x) * sin, rounding included)."""
+        out = x * table[:, :1]
+        out += x.roll(self.head_dim // 2, dims=-1) * table[:, 1:]
+        return out
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: [T]; q: [T, H * D]; k: [T, KVH * D]. Returns rotated (q, k)."""
@@ -51,14 +76,7 @@ class RotaryEmbedding(nn.Module):
             from engine.kernels.rotary import rotary_embedding
             rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
             return q, k
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
-        cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(q.dtype)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)
-        half = self.head_dim // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return (x * cos + rotated * sin).view(shape)
+        table = self.prepare(positions, q.dtype)
+        t = q.shape[0]
+        return (self.rotate(q.view(t, -1, self.head_dim), table).view(q.shape),
+                self.rotate(k.view(t, -1, self.head_dim), table).view(k.shape))

@@ -22,7 +22,7 @@ from engine.models.model_config import ModelConfig
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, use_triton: bool):
+    def __init__(self, cfg: ModelConfig, use_triton: bool, rotary_emb: RotaryEmbedding):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -30,19 +30,25 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
                                   bias=cfg.attention_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings,
-                                          cfg.rope_theta, cfg.rope_scaling, use_triton)
+        self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, use_triton)
         self.split = self.qkv_proj.output_sizes  # [q, kv, kv]
+        self.qk_size = self.split[0] + self.split[1]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)  # [T, H*D], [T, KVH*D] x2
-        q, k = self.rotary_emb(positions, q.contiguous(), k.contiguous())
-        t = x.shape[0]
-        o = self.attn(q.view(t, self.num_heads, self.head_dim),
-                      k.view(t, self.num_kv_heads, self.head_dim),
-                      v.contiguous().view(t, self.num_kv_heads, self.head_dim), kv_cache, meta)
+                meta: AttentionMetadata, rope: torch.Tensor | None) -> torch.Tensor:
+        """rope: this step's rotary tables (RotaryEmbedding.prepare), None on the Triton path."""
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]
+        t, h, d = x.shape[0], self.num_heads, self.head_dim
+        if rope is None:
+            q, k, v = qkv.split(self.split, dim=-1)  # [T, H*D], [T, KVH*D] x2
+            q, k = self.rotary_emb(positions, q.contiguous(), k.contiguous())
+            q, k, v = q.view(t, h, d), k.view(t, -1, d), v.contiguous().view(t, -1, d)
+        else:
+            # Q and K heads rotated together; q, k, v stay views of the two outputs.
+            qk = self.rotary_emb.rotate(qkv[:, :self.qk_size].view(t, -1, d), rope)  # [T, H + KVH, D]
+            q, k, v = qk[:, :h], qk[:, h:], qkv[:, self.qk_size:].view(t, -1, d)
+        o = self.attn(q, k, v, kv_cache, meta)  # [T, H, D]
         return self.o_proj(o.view(t, -1))
 
 
@@ -59,20 +65,20 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, use_triton: bool):
+    def __init__(self, cfg: ModelConfig, use_triton: bool, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, use_triton)
+        self.self_attn = LlamaAttention(cfg, use_triton, rotary_emb)
         self.mlp = LlamaMLP(cfg, use_triton)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, use_triton)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, use_triton)
 
-    def forward(self, positions, x, residual, kv_cache, meta):
+    def forward(self, positions, x, residual, kv_cache, meta, rope):
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, meta)
+        x = self.self_attn(positions, x, kv_cache, meta, rope)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -82,15 +88,18 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, use_triton)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                          cfg.rope_scaling, use_triton)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, use_triton, self.rotary_emb)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, use_triton)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary_emb.prepare(positions, x.dtype)  # once per step, not per layer
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(positions, x, residual, kv_cache, meta)
+            x, residual = layer(positions, x, residual, kv_cache, meta, rope)
         x, _ = self.norm(x, residual)
         return x
 

@@ -1,0 +1,82 @@
+"""Where one batch-1 decode step of the engine goes: ms per token and torch.profiler's op counts.
+
+    .venv/bin/python bench/decode_profile.py [--model smollm2] [--steps 40] [--dtype float32]
+
+Prints the median step time over ``--steps`` decode steps, then the ops of ``--profile-steps``
+profiled steps (calls per step and self CPU ms per step, the top rows by time and by count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+from collections import Counter
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from engine import LLM, SamplingParams  # noqa: E402
+
+
+def _decode_steps(llm: LLM, num_steps: int, profiler=None) -> list[float]:
+    """Seconds per engine step of one greedy request, after its prefill (which is not profiled)."""
+    engine = llm.engine
+    engine.add_request("p", "The history of the printing press", SamplingParams(
+        temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
+    engine.step()  # prefill
+    if profiler is not None:
+        profiler.start()
+    times = []
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    if profiler is not None:
+        profiler.stop()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--top", type=int, default=18)
+    args = parser.parse_args()
+    settings = {} if args.dtype is None else {"dtype": args.dtype}
+    llm = LLM(args.model, **settings)
+    _decode_steps(llm, 8)  # warm-up
+    times = _decode_steps(llm, args.steps)
+    print(f"decode, batch 1: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
+          f"(min {min(times) * 1e3:.1f}), torch threads {torch.get_num_threads()}")
+
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    ptimes = _decode_steps(llm, args.profile_steps, prof)
+    n = len(ptimes)
+    events = prof.key_averages()
+    counts = Counter()
+    total_ops = 0
+    rows = []
+    for e in events:
+        if e.key.startswith("ProfilerStep"):
+            continue
+        rows.append((e.key, e.count / n, e.self_cpu_time_total / 1e3 / n))
+        if e.key.startswith("aten::"):
+            total_ops += e.count
+            counts[e.key] = e.count
+    print(f"profiled: {statistics.median(ptimes) * 1e3:.1f} ms/step (profiler on), "
+          f"{total_ops / n:.0f} aten ops per step, self CPU of aten ops "
+          f"{sum(r[2] for r in rows if r[0].startswith('aten::')):.1f} ms/step")
+    print(f"{'op':<40} {'calls/step':>10} {'self ms/step':>13}")
+    for key, calls, ms in sorted(rows, key=lambda r: -r[2])[:args.top]:
+        print(f"{key[:40]:<40} {calls:>10.0f} {ms:>13.2f}")
+    print("most frequent:", ", ".join(f"{k.removeprefix('aten::')} {c / n:.0f}"
+                                      for k, c in counts.most_common(10)))
+
+
+if __name__ == "__main__":
+    main()
