@@ -9,7 +9,9 @@ greedy, EOS ignored so every request yields exactly --max-tokens tokens.
 
 Time to first token runs from sending the request to the first content event. Inter-token
 latency of a request is (last content event - first content event) / (output tokens - 1): the
-server batches deltas (~20 ms), so gaps between events would overstate it.
+server batches deltas (~20 ms), so gaps between events would overstate it. Any OpenAI-compatible
+server works (bench/peers.py points it at llama.cpp's); without usage in the stream, output
+tokens are counted as content events.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first = last = None
-    output_tokens = 0
+    output_tokens = num_content_events = 0
     async with http.stream("POST", f"{args.url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
@@ -65,7 +67,10 @@ async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
             if event["choices"] and event["choices"][0]["delta"].get("content"):
                 last = time.perf_counter()
                 first = first or last
+                num_content_events += 1
     end = time.perf_counter()
+    # a server that sends no usage (llama.cpp's, some versions) streams one event per token
+    output_tokens = output_tokens or num_content_events
     if first is None:
         raise RuntimeError("the stream carried no content")
     itl = (last - first) / (output_tokens - 1) if output_tokens > 1 else None

@@ -1,0 +1,47 @@
+"""The CPU decode step's shortcuts give what the general path gives: a lone sequence whose blocks
+are one run in the pool attends through a view, and the rotary tables computed once per step
+rotate Q and K as Hugging Face does."""
+
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from engine.attention_metadata import AttentionMetadata, DecodeGroup
+from engine.layers.attention import PagedAttention, Workspace
+from engine.layers.rotary import RotaryEmbedding
+
+H, KVH, D, BLOCK = 6, 2, 16, 4
+
+
+def _decode(attn, q, k_cache, v_cache, blocks, context_len, run_start):
+    num_blocks = -(-context_len // BLOCK)
+    mask = (torch.arange(num_blocks * BLOCK) < context_len)[None, None, None, :]
+    group = DecodeGroup(0, 1, torch.tensor(blocks[:num_blocks]), mask, run_start, context_len)
+    meta = AttentionMetadata(slot_mapping=torch.tensor([-1]), num_prefill_tokens=0, num_decode_tokens=1,
+                             decode_groups=[group], workspace=Workspace(torch.device("cpu")))
+    return attn._decode(q, k_cache, v_cache, group, meta.workspace)
+
+
+def test_one_run_view_attends_like_the_gathered_blocks():
+    torch.manual_seed(0)
+    attn = PagedAttention(H, KVH, D)
+    k_cache, v_cache = torch.randn(2, 16, BLOCK, KVH, D).unbind(0)
+    q = torch.randn(1, H, D)
+    for context_len in (1, 4, 5, 13):
+        blocks = list(range(3, 3 + -(-context_len // BLOCK)))
+        gathered = _decode(attn, q, k_cache, v_cache, blocks, context_len, None)
+        viewed = _decode(attn, q, k_cache, v_cache, blocks, context_len, blocks[0])
+        torch.testing.assert_close(viewed, gathered, rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_tables_rotate_q_and_k_bit_identically_to_transformers():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(D, 64, 10000.0, None)
+    positions = torch.tensor([0, 5, 63])
+    q, k = torch.randn(3, H, D), torch.randn(3, KVH, D)
+    rotated = rope.rotate(torch.cat([q, k], dim=1), rope.prepare(positions, torch.float32))
+    table = rope.cos_sin_cache[positions]  # [T, 2, D]: cos, then sin with rotate_half's sign
+    cos = table[:, 0][None]  # [1, T, D]
+    sin = torch.cat([table[:, 1, D // 2:]] * 2, dim=-1)[None]  # the plain sin
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    assert torch.equal(rotated[:, :H], ref_q[0].transpose(0, 1))
+    assert torch.equal(rotated[:, H:], ref_k[0].transpose(0, 1))
