@@ -58,3 +58,85 @@ async def test_sigterm_to_one_of_two_workers_under_six_streams_lets_every_stream
     assert [sum(len(c.token_ids) for c in chunks) for chunks in results] == [200] * 6
     assert code == 0
     assert "unfinished at shutdown" not in stopped.log()
+
+
+class RedisProcess:
+    """A redis-server of this test alone (no persistence), restartable on the same port."""
+
+    def __init__(self, data_dir: Path):
+        self.port = free_port()
+        self.data_dir = data_dir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.data_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, "no redis-server"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = RedisProcess(tmp_path)
+    server.start()
+    yield server
+    if server.proc.poll() is None:
+        server.kill()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_survives_a_redis_restart_and_serves_again_within_30_s(
+        own_redis, tiny_llama_dir, tmp_path):
+    from tests.workers.conftest import kill_all, start_worker, wait_for_workers
+
+    worker = start_worker(own_redis.url, tiny_llama_dir, tmp_path, "phoenix")
+    try:
+        wait_for_workers(own_redis.url, "phoenix", 1, [worker])
+        client = RedisEngineClient(own_redis.url)
+        before = await collect(client, request("phoenix", 4))
+        assert before[-1].finish_reason == "length"
+
+        own_redis.kill()  # no persistence: the restarted server has no stream, group or key
+        down = await collect(client, request("phoenix", 4))
+        started = time.monotonic()
+        refused_in = await _timed(collect(client, request("phoenix", 4)))
+        own_redis.start()
+        restarted_at = time.monotonic()
+        while True:
+            chunks = await collect(client, request("phoenix", 4))
+            if chunks[-1].error is None:
+                break
+            assert time.monotonic() - restarted_at < 30, chunks[-1].error
+            await asyncio.sleep(0.2)
+        recovered_in = time.monotonic() - restarted_at
+        print(f"refused in {refused_in:.2f} s while down; served again {recovered_in:.1f} s "
+              f"after the restart")
+
+        assert [c.error.code for c in down] == ["queue_unavailable"]
+        assert refused_in < 5 and started  # fast, not a hang
+        assert chunks[-1].finish_reason == "length" and chunks[-1].num_output_tokens == 4
+        assert worker.proc.poll() is None, worker.log()[-3000:]
+        assert "crashed" not in worker.log()
+        assert len(client.live_workers("phoenix")) == 1  # announced itself again
+    finally:
+        kill_all([worker])
+
+
+async def _timed(awaitable) -> float:
+    started = time.monotonic()
+    await awaitable
+    return time.monotonic() - started
