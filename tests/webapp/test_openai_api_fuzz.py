@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from webapp.config.asgi import application
 from webapp.keys.services import apikey_create
+from webapp.openai_api.errors import SHED_MESSAGES
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the app runs on its own event loop thread
 
@@ -30,7 +31,7 @@ MAX_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(HealthCheck))
 HOSTILE_SETTINGS = settings(FUZZ_SETTINGS, max_examples=MAX_EXAMPLES * 4)  # cheap: most end at the parser
-DOCUMENTED_5XX = {503: {"no_worker", "model_not_ready", "server_shutting_down"}}
+DOCUMENTED_5XX = {503: {"no_worker", "model_not_ready", "server_shutting_down", *SHED_MESSAGES}}
 
 
 class LoggedFailures(logging.Handler):
