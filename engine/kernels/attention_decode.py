@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.attention_tile import attend_tile
 from engine.kernels.common import (
     check_heads, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
 )
@@ -64,29 +65,10 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq * stride_bt
     for tile in range(start, end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)  # [BLOCK_N] context positions
-        pos_mask = pos < end
-        blocks = tl.load(table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        in_block = pos % BLOCK_SIZE
-        kv_mask = pos_mask[:, None] & dim_mask[None, :]
-        k = tl.load(k_cache_ptr + blocks[:, None] * stride_kb + in_block[:, None] * stride_kt
-                    + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + blocks[:, None] * stride_vb + in_block[:, None] * stride_vt
-                    + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        p = p.to(v_cache_ptr.dtype.element_ty)  # same rounding as the native half-precision dot
-        if DOT_UPCAST:
-            p = p.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile, end,
+                                0, dims, dim_mask, qk_scale,
+                                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                                BLOCK_SIZE, BLOCK_N, False, True, DOT_UPCAST, DOT_PRECISION)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty partition or context gives zeros
     out_mask = row_mask[:, None] & dim_mask[None, :]

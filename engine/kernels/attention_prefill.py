@@ -17,45 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.attention_tile import attend_tile
 from engine.kernels.common import (
     check_heads, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
 )
 
 BLOCK_M = 64  # (query token, head) rows per program
 BLOCK_N = 64  # context tokens per tile
-
-
-@triton.jit
-def _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile, kv_end, q_pos,
-                 dims, dim_mask, qk_scale,
-                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One online-softmax step over context positions [tile, tile + BLOCK_N) of one sequence.
-    pos = tile + tl.arange(0, BLOCK_N)
-    pos_mask = pos < kv_end
-    blocks = tl.load(table + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-    in_block = pos % BLOCK_SIZE
-    kv_mask = pos_mask[:, None] & dim_mask[None, :]
-    k = tl.load(k_cache_ptr + blocks[:, None] * stride_kb + in_block[:, None] * stride_kt
-                + kv_head * stride_kh + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + blocks[:, None] * stride_vb + in_block[:, None] * stride_vt
-                + kv_head * stride_vh + dims[None, :], mask=kv_mask, other=0.0)
-    if DOT_UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    if CAUSAL:
-        s = tl.where((pos[None, :] <= q_pos[:, None]) & pos_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    p = p.to(v_cache_ptr.dtype.element_ty)  # same rounding as the native half-precision dot
-    if DOT_UPCAST:
-        p = p.to(tl.float32)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-    return m_new, l, acc
 
 
 @triton.jit
@@ -101,15 +69,15 @@ def _prefill_kernel(
     kv_end = tl.minimum(context_len, prefix_len + first_query + BLOCK_Q)
     full_end = (prefix_len + first_query) // BLOCK_N * BLOCK_N
     for tile in range(0, full_end, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
+        m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
                                  kv_end, q_pos, dims, dim_mask, qk_scale,
                                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                 BLOCK_SIZE, BLOCK_N, False, DOT_UPCAST, DOT_PRECISION)
+                                 BLOCK_SIZE, BLOCK_N, False, False, DOT_UPCAST, DOT_PRECISION)
     for tile in range(full_end, kv_end, BLOCK_N):
-        m, l, acc = _attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
+        m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
                                  kv_end, q_pos, dims, dim_mask, qk_scale,
                                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                 BLOCK_SIZE, BLOCK_N, True, DOT_UPCAST, DOT_PRECISION)
+                                 BLOCK_SIZE, BLOCK_N, True, False, DOT_UPCAST, DOT_PRECISION)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
