@@ -93,7 +93,9 @@ async def run(args) -> int:
         queue.put_nowait(i)
     results: list[Result] = []
     headers = {"Authorization": f"Bearer {args.key}"}
-    limits = httpx.Limits(max_connections=args.concurrency)
+    # One connection per request: llama.cpp's server closes kept-alive connections after a few
+    # requests, and a reused closed one fails the request (RemoteProtocolError).
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=0)
     async with httpx.AsyncClient(headers=headers, timeout=args.timeout, limits=limits) as http:
         if args.warmup:
             await one_request(http, args, prompts[0])

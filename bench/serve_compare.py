@@ -93,6 +93,19 @@ def manage(env: dict, *args: str) -> str:
     return result.stdout
 
 
+def prepare_workdir(prefix: str) -> tuple[Path, dict, str]:
+    """A temporary folder with its own SQLite database, the bundled model registered and an API
+    key: (folder, environment for manage.py / Daphne, key)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.serve", "PAGODA_DATA_DIR": str(root),
+           "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "LOG_LEVEL": "WARNING"}
+    env.pop("REDIS_URL", None)
+    manage(env, "migrate", "--noinput")
+    manage(env, "ensure_bundled_model")
+    key = manage(env, "create_api_key", "--name", prefix.strip("-")).strip().splitlines()[-1]
+    return root, env, key
+
+
 def tokens_per_s(output: str, label: str) -> float:
     match = re.search(r"output tokens/s:?\s+([0-9.]+)", output)
     if match is None:
@@ -164,13 +177,7 @@ def main() -> int:
     if min(args.concurrency, args.requests, args.max_tokens, args.repeats) < 1:
         ap.error("--concurrency, --requests, --max-tokens and --repeats must be positive")
 
-    root = Path(tempfile.mkdtemp(prefix="pagoda-serve-compare-"))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.serve", "PAGODA_DATA_DIR": str(root),
-           "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "LOG_LEVEL": "WARNING"}
-    env.pop("REDIS_URL", None)
-    manage(env, "migrate", "--noinput")
-    manage(env, "ensure_bundled_model")
-    key = manage(env, "create_api_key", "--name", "serve-compare").strip().splitlines()[-1]
+    root, env, key = prepare_workdir("pagoda-serve-compare-")
     print(f"workdir {root}; {args.requests} requests x {args.max_tokens} tokens, "
           f"{args.concurrency} concurrent streams, {args.repeats} repeats", flush=True)
 

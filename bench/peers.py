@@ -1,0 +1,186 @@
+"""Pagoda against llama.cpp's own server on the same GGUF, side by side in one run.
+
+Builds llama.cpp's ``llama-server`` from the ``llama-cpp-python`` sdist on PyPI into a cache
+folder once ($PAGODA_CACHE, default ~/.cache/pagoda; cmake, target llama-server), starts it with
+the bundled SmolLM2 GGUF (``-np 32 -c 16384 -t 2``), starts Pagoda's embedded server as
+``make run`` does (Daphne with the engine worker in the web process, in a temporary folder with
+its own SQLite database and API key), both on 127.0.0.1 only. Then alternates bench/serve.py
+against each at 1 and at 32 concurrent streams (greedy, --max-tokens tokens, ignore_eos),
+``--repeats`` times, and prints each figure's median (output tok/s, TTFT p50, inter-token p50,
+the server's resident memory) and the Pagoda/llama.cpp ratios, with the load average and the
+CPU's model and flags. The machine is shared and noisy: only ratios from one run mean anything.
+
+    .venv/bin/python bench/peers.py [--repeats 2] [--max-tokens 128] [--requests-1 4]
+        [--requests-32 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_compare import PY, ROOT, Services, free_port, prepare_workdir  # noqa: E402
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DLLAMA_BUILD_EXAMPLES=OFF"]
+FIGURES = (("tok/s", r"output tokens/s\s+([0-9.]+)"),
+           ("TTFT p50 ms", r"TTFT p50 \(ms\)\s+([0-9.]+)"),
+           ("inter-token p50 ms", r"inter-token latency p50 \(ms\)\s+([0-9.]+)"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PAGODA_CACHE") or Path.home() / ".cache" / "pagoda")
+
+
+def llama_server_binary() -> Path:
+    """The cached llama-server, built from the sdist the first time (a few minutes on 2 cores)."""
+    name, version = LLAMA_CPP_PYTHON.split("==")
+    source = cache_dir() / f"{name.replace('-', '_')}-{version}" / "vendor" / "llama.cpp"
+    binary = source / "build" / "bin" / "llama-server"
+    if binary.is_file():
+        return binary
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    if not source.is_dir():
+        subprocess.run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        LLAMA_CPP_PYTHON, "-d", str(cache_dir())], check=True)
+        sdist = next(cache_dir().glob(f"{name.replace('-', '_')}-{version}.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(cache_dir(), filter="data")
+    jobs = str(os.cpu_count() or 2)
+    subprocess.run(["cmake", "-B", "build", *CMAKE_FLAGS], cwd=source, check=True)
+    subprocess.run(["cmake", "--build", "build", "-j", jobs, "--target", "llama-server"],
+                   cwd=source, check=True)
+    return binary
+
+
+def wait_http(url: str, services: Services, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(proc.poll() is not None for proc in services.procs):
+            break
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer 200; logs in {services.root}")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and its children (the server's whole process tree)."""
+    total = 0
+    pids = [pid]
+    while pids:
+        p = pids.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+            pids += [int(c) for t in Path(f"/proc/{p}/task").iterdir()
+                     for c in (t / "children").read_text().split()]
+        except (OSError, AttributeError):
+            pass
+    return total / 1024
+
+
+def run_client(url: str, key: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+    result = subprocess.run([PY, "bench/serve.py", "--url", url, "--key", key, "--concurrency",
+                             str(concurrency), "--requests", str(requests), "--max-tokens",
+                             str(max_tokens)], cwd=ROOT, capture_output=True, text=True)
+    figures = {}
+    if result.returncode != 0:  # reported, and the run's figures left out of the medians
+        last = result.stderr.strip().splitlines()[-1:] or ["?"]
+        print(f"  bench/serve.py against {url} failed: {last[0][:300]}", flush=True)
+        return {name: float("nan") for name, _ in FIGURES}
+    for name, pattern in FIGURES:
+        match = re.search(pattern, result.stdout)
+        figures[name] = float(match.group(1)) if match else float("nan")
+    return figures
+
+
+def cpu_description() -> str:
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s+(.*)", text)
+    flags = re.search(r"Flags:\s+(.*)", text)
+    wanted = [f for f in (flags.group(1).split() if flags else [])
+              if f.startswith(("avx512", "amx", "avx2", "avx_vnni", "fma"))]
+    return f"{model.group(1).strip() if model else '?'}, {os.cpu_count()} CPUs; flags {' '.join(wanted)}"
+
+
+def _median(values: list[float]) -> float:
+    """Median of the runs that succeeded (NaN when none did)."""
+    ok = [v for v in values if v == v]
+    return statistics.median(ok) if ok else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--requests-1", type=int, default=4, help="requests of the single stream")
+    ap.add_argument("--requests-32", type=int, default=32, help="requests of the 32 streams")
+    args = ap.parse_args()
+    if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
+        ap.error("every count must be positive")
+
+    sys.path.insert(0, str(ROOT))
+    from engine.bundled import bundled_model_path
+    gguf = bundled_model_path("smollm2")
+    binary = llama_server_binary()
+    root, env, key = prepare_workdir("pagoda-peers-")
+    print(f"{cpu_description()}\n{gguf.name}; {args.max_tokens} tokens per request; "
+          f"workdir {root}", flush=True)
+
+    with Services(root, env) as services:
+        llama_port, pagoda_port = free_port(), free_port()
+        services.spawn("llama-server", [str(binary), "-m", str(gguf), "-np", "32", "-c", "16384",
+                                        "-t", "2", "--host", "127.0.0.1", "--port", str(llama_port)])
+        services.spawn("pagoda", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pagoda_port),
+                                  "webapp.config.asgi:application"], {"PAGODA_EMBEDDED_WORKERS": "1"})
+        servers = {"pagoda": (f"http://127.0.0.1:{pagoda_port}", key, services.procs[1].pid),
+                   "llama.cpp": (f"http://127.0.0.1:{llama_port}", "none", services.procs[0].pid)}
+        wait_http(f"http://127.0.0.1:{llama_port}/health", services)
+        wait_http(f"http://127.0.0.1:{pagoda_port}/readyz", services)
+        idle = {name: rss_mib(pid) for name, (_, _, pid) in servers.items()}
+        results: dict[tuple[str, int], list[dict]] = {}
+        for repeat in range(1, args.repeats + 1):
+            for concurrency, requests in ((1, args.requests_1), (32, args.requests_32)):
+                for name, (url, server_key, pid) in servers.items():
+                    load = os.getloadavg()[0]
+                    figures = run_client(url, server_key, concurrency, requests, args.max_tokens)
+                    figures["RSS MiB"] = rss_mib(pid)
+                    results.setdefault((name, concurrency), []).append(figures)
+                    print(f"[{repeat}/{args.repeats}] {name:<9} x{concurrency:<2} "
+                          + "  ".join(f"{k} {v:.1f}" for k, v in figures.items())
+                          + f"  (load {load:.1f})", flush=True)
+
+    print(f"\nmedians of {args.repeats} alternated runs; idle RSS: "
+          + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items()))
+    names = [name for name, _ in FIGURES] + ["RSS MiB"]
+    print(f"{'':<14}" + "".join(f"{n:>20}" for n in names))
+    for concurrency in (1, 32):
+        med = {server: {n: _median([r[n] for r in results[(server, concurrency)]]) for n in names}
+               for server in servers}
+        for server in servers:
+            print(f"{server + ' x' + str(concurrency):<14}" + "".join(f"{med[server][n]:>20.1f}" for n in names))
+        print(f"{'ratio P/L x' + str(concurrency):<14}"
+              + "".join(f"{med['pagoda'][n] / med['llama.cpp'][n]:>20.2f}" for n in names))
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
