@@ -163,7 +163,7 @@ class RedisLimitStore:
     def __init__(self, url: str, prefix: str = "pagoda:limits:") -> None:
         import redis
 
-        self._redis = redis.Redis.from_url(url)
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
         self._prefix = prefix
         self._reserve = self._redis.register_script(_WINDOW_RESERVE)
         self._settle = self._redis.register_script(_WINDOW_SETTLE)
