@@ -17,6 +17,8 @@ SYSTEM_TOOLS := redis-server chromium
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# Pending connections the listening socket holds (Twisted's default of 50 resets a burst at connect).
+BACKLOG ?= 1024
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
@@ -60,7 +62,7 @@ run: venv
 	@echo "Pagoda on http://$(HOST):$(PORT)/ - chat: log in as admin (password printed above on the"
 	@echo "first run; reset it with: $(PY) manage.py changepassword admin); console: /console/workers/;"
 	@echo "OpenAI API: http://$(HOST):$(PORT)/v1 with a key from: $(PY) manage.py create_api_key --name me"
-	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -b $(HOST) -p $(PORT) webapp.config.asgi:application
+	PAGODA_EMBEDDED_WORKERS=1 $(VENV)/bin/daphne -e tcp:port=$(PORT):interface=$(HOST):backlog=$(BACKLOG) webapp.config.asgi:application
 
 # `make run` with DEBUG on (tracebacks in the browser, static files re-read when edited). The
 # development settings' secret key is public: never let anyone else reach this server.

@@ -13,6 +13,7 @@ def test_unset_database_url_means_sqlite_in_the_repo():
     assert database_from_url(None, DEFAULT_SQLITE) == {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": DEFAULT_SQLITE,
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
     }
 
 
