@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 PAIR, BRIEF = "pair", "brief"
 # Four sequences a worker: a burst of twelve long requests cannot all fit in one of them.
 PAIR_SETTINGS = {**TINY_SETTINGS, "max_num_seqs": 4}
-PAIR_DRAIN_S, BRIEF_DRAIN_S = 30.0, 0.3
+PAIR_DRAIN_S, BRIEF_DRAIN_S = 30.0, 0.05  # BRIEF: far shorter than 480 tokens on an idle machine
 LONG = dict(prompt="Once upon a time", temperature=0, max_tokens=480, extra_body={"ignore_eos": True})
 END_USER = "customer-1234"
 
@@ -205,7 +205,7 @@ def test_a_drain_timeout_shorter_than_the_generation_ends_requests_with_worker_l
     print(f"stream: {caught.value.code} {told_after:.2f} s after SIGTERM, {num_text_chunks} text chunks")
 
     assert code == 0
-    assert caught.value.code == "worker_lost" and "shut down" in caught.value.message
+    assert caught.value.code == "worker_lost" and "stopped before it finished" in caught.value.message
     assert told_after < BRIEF_DRAIN_S + 5
     assert num_text_chunks < LONG["max_tokens"]
     record = site.usage(first.id)
@@ -223,7 +223,7 @@ def test_sigterm_to_daphne_aborts_streams_still_running_after_its_drain_timeout_
         site, pair, client):
     """Distributed mode: the workers are not Daphne's to drain; what outlives its drain timeout
     is aborted (in the worker too) and recorded as aborted before the process exits."""
-    drain_timeout = 0.5
+    drain_timeout = 0.05  # far shorter than 480 tokens, even on an idle machine
     web = Site(site.root, site.env)  # a second Daphne on the same database and Redis
     daphne = web.spawn("daphne-drain", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web.port),
                                         "webapp.config.asgi:application"],

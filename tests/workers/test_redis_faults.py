@@ -31,8 +31,13 @@ def request(model: str, max_tokens: int) -> GenerateRequest:
                            {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})
 
 
-async def collect(client, req: GenerateRequest) -> list:
-    return [chunk async for chunk in client.generate(req)]
+async def collect(client, req: GenerateRequest, started: asyncio.Event | None = None) -> list:
+    chunks = []
+    async for chunk in client.generate(req):
+        chunks.append(chunk)
+        if started is not None:
+            started.set()
+    return chunks
 
 
 @pytest.mark.asyncio
@@ -43,13 +48,19 @@ async def test_sigterm_to_one_of_two_workers_under_six_streams_lets_every_stream
     workers = [spawn_worker(model, max_num_seqs=4, max_model_len=512) for _ in range(2)]
     wait_workers(model, 2, workers)
     client = RedisEngineClient(redis_server)
-    streams = [asyncio.create_task(collect(client, request(model, NUM_LONG))) for _ in range(6)]
-    # SIGTERM to a worker as soon as its heartbeat says it runs some of them.
+    started = asyncio.Event()
+    streams = [asyncio.create_task(collect(client, request(model, NUM_LONG), started)) for _ in range(6)]
+    # SIGTERM to a worker as soon as the streams run: the one whose heartbeat says it runs some,
+    # or, when the first tokens arrive before any heartbeat tells (heartbeats come every second,
+    # an idle machine streams these in about as long), the first worker: six streams on two
+    # pools of four, and a worker takes no more than its pool can start, so both hold some.
     deadline = time.monotonic() + 60
     while not (busy := [w for w in client.live_workers(model) if w.stats.get("num_inflight", 0) > 0]):
+        if started.is_set():
+            break
         assert time.monotonic() < deadline, "no worker took the streams"
-        await asyncio.sleep(0.05)
-    stopped = next(w for w in workers if w.proc.pid == busy[0].pid)
+        await asyncio.sleep(0.02)
+    stopped = next(w for w in workers if w.proc.pid == busy[0].pid) if busy else workers[0]
     stopped.signal(signal.SIGTERM)
 
     results = await asyncio.wait_for(asyncio.gather(*streams), 240)
