@@ -12,7 +12,9 @@ Bounds, from the user's ChatLimits: at most ``max_sockets`` open sockets per use
 accepted only to be told {"type": "error", "code": "too_many_connections"} and closed with
 TOO_MANY_SOCKETS); a frame larger than the message size allows, or one that is not JSON, is
 answered with an error frame ("message_too_large", "invalid_json") and the socket stays usable.
-Turns are held to the same limits as API keys (chat.services.turn_prepare).
+Turns are held to the same limits as API keys (chat.services.turn_prepare). The limit store
+(Redis) unreachable: a turn gets {"type": "error", "code": "queue_unavailable", "retry_after": 5},
+a new socket the same frame, then the close code TRY_AGAIN_LATER (the page reconnects by itself).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from webapp.chat.selectors import message_to_dict
-from webapp.chat.services import ChatInputError, Turn, turn_finish, turn_prepare
+from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError, Turn,
+                                  turn_finish, turn_prepare)
 from webapp.config.shutdown import shutting_down, track
-from webapp.keys.limits import get_limit_store
+from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
 from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
@@ -40,6 +43,7 @@ from workers.protocol import NO_WORKER
 logger = logging.getLogger(__name__)
 NOT_AUTHENTICATED = 4401  # close code the page reads as "log in again"
 TOO_MANY_SOCKETS = 4429  # close code: the user has max_sockets chat sockets open already
+TRY_AGAIN_LATER = 1013  # close code: the limit store is unreachable, sockets cannot be counted
 # A frame carries the message and the system prompt, each up to max_message_chars characters, as
 # JSON (a character is at most 12 bytes escaped), plus the settings around them.
 FRAME_OVERHEAD_BYTES = 4096
@@ -71,7 +75,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         limits = await database_sync_to_async(chatlimits_get_or_create)(user=self.user)
         await self.accept()
-        if not await self._hold_socket(limits):
+        try:
+            held = await self._hold_socket(limits)
+        except LimitStoreUnavailable as exc:
+            logger.warning("chat socket refused: %s", exc)
+            await self.send_json({"type": "error", "code": LIMITS_UNAVAILABLE,
+                                  "retry_after": LIMITS_UNAVAILABLE_RETRY_AFTER_S,
+                                  "message": "The server cannot reach the store of its rate limits; "
+                                             "reconnecting in a moment."})
+            await self.close(code=TRY_AGAIN_LATER)
+            return
+        if not held:
             await self.send_json({"type": "error", "code": "too_many_connections",
                                   "message": f"You have {limits.max_sockets} chat connections open already; "
                                              f"close a tab and reload."})
@@ -114,7 +128,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "code": "invalid_json", "param": None,
                                   "message": "The message is not valid JSON."})
             return
-        await self._hold_socket(self.limits)
+        try:
+            await self._hold_socket(self.limits)
+        except LimitStoreUnavailable:
+            pass  # the socket stays; a turn that needs the store is refused in turn_prepare
         try:
             await self.receive_json(content)
         except Exception:

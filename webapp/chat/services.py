@@ -18,6 +18,7 @@ from django.db import transaction
 from webapp.chat.models import Conversation, Message
 from webapp.chat.selectors import conversation_get
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
+from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ChatLimits
 from webapp.keys.selectors import chatlimits_allows_model
 from webapp.keys.services import chatlimits_get_or_create
@@ -149,7 +150,16 @@ def _apply_action(*, user, action: str, data: dict, max_chars: int) -> tuple[Con
     return conversation, user_message
 
 
-def _refused(exc: LimitExceeded) -> ChatInputError:
+# The limit store (Redis) unreachable: the turn is refused as the API refuses a request (503
+# queue_unavailable, Retry-After 5), as an error frame with the same code and retry_after.
+LIMITS_UNAVAILABLE = "queue_unavailable"
+LIMITS_UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def _refused(exc: LimitExceeded | LimitStoreUnavailable) -> ChatInputError:
+    if isinstance(exc, LimitStoreUnavailable):
+        return ChatInputError(LIMITS_UNAVAILABLE, "The server cannot reach the store of its rate limits; "
+                              "send this again in a moment.", None, LIMITS_UNAVAILABLE_RETRY_AFTER_S)
     return ChatInputError(exc.code, exc.message, None, exc.retry_after)
 
 
@@ -172,7 +182,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
     request_id = "chat-" + uuid.uuid4().hex
     try:
         limits_admit(subject=limits, request_id=request_id)
-    except LimitExceeded as exc:
+    except (LimitExceeded, LimitStoreUnavailable) as exc:
         raise _refused(exc) from exc
     try:
         with transaction.atomic():
@@ -192,7 +202,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
                     num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
                     max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
-            except LimitExceeded as exc:
+            except (LimitExceeded, LimitStoreUnavailable) as exc:
                 raise _refused(exc) from exc
     except BaseException:
         limits_release(subject=limits, request_id=request_id)

@@ -19,6 +19,11 @@ Postgres re-checks the condition on the locked row, SQLite serializes writers), 
 stays where its spent tokens are, in the database, so losing Redis cannot reset it. A process that
 dies mid-request leaves its row; such rows, older than SLOT_TTL_S, are given back when a budget
 looks full (the only moment they matter). A request refused at any step takes nothing.
+
+The limit store unreachable (Redis down in distributed mode): ``limits_admit`` and
+``limits_reserve`` raise limits.LimitStoreUnavailable (the request is refused, 503 for the API,
+having taken nothing it keeps); ``limits_release`` still settles the budget in the database and
+writes nothing off: the store defers its own give-backs (see webapp.keys.limits).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from datetime import datetime, timezone as dt_timezone
 from django.db import transaction
 from django.db.models import F
 
-from webapp.keys.limits import SLOT_TTL_S, get_limit_store
+from webapp.keys.limits import SLOT_TTL_S, LimitStoreUnavailable, get_limit_store
 from webapp.keys.models import ApiKey, ChatLimits, TokenReservation
 
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
@@ -90,7 +95,12 @@ def limits_admit(*, subject: Subject, request_id: str, now: float | None = None)
         raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: {limit} concurrent requests "
                             f"already running.", CONCURRENCY_RETRY_S)
     if subject.max_requests_per_minute is not None:
-        wait = store.window_reserve(requests_name, request_id, 1, subject.max_requests_per_minute, now)
+        try:
+            wait = store.window_reserve(requests_name, request_id, 1, subject.max_requests_per_minute, now)
+        except LimitStoreUnavailable:
+            if limit is not None:
+                store.slot_release(running_name, request_id)  # deferred by the store while it is unreachable
+            raise
         if wait is not None:
             if limit is not None:
                 store.slot_release(running_name, request_id)
@@ -162,7 +172,7 @@ def limits_reserve(*, subject: Subject, request_id: str, tokens: int, now: float
                                     f"and {left} of the token budget of {subject.token_budget} are free"
                                     + (f" ({row['tokens_reserved']} held by running requests)."
                                        if row["tokens_reserved"] else ". Lower max_tokens."), None)
-    except LimitExceeded:
+    except (LimitExceeded, LimitStoreUnavailable):
         store.window_cancel(tokens_name, request_id)
         store.window_cancel(requests_name, request_id)  # a refused request does not count
         if subject.max_concurrent_requests is not None:
@@ -172,14 +182,18 @@ def limits_reserve(*, subject: Subject, request_id: str, tokens: int, now: float
 
 def limits_release(*, subject: Subject, request_id: str, tokens: int = 0) -> None:
     """The request ended (or was refused): free its slot, settle its real ``tokens``. Idempotent
-    for the slot and the reservation; the tokens are charged by each call (make one)."""
+    for the slot and the reservation; the tokens are charged by each call (make one). The limit
+    store unreachable, it still returns (the store defers the slot and the window, logging a
+    warning) and the budget, in the database, is settled all the same."""
     store = get_limit_store()
     _, tokens_name, running_name = _names(subject)
-    if subject.max_concurrent_requests is not None:
-        store.slot_release(running_name, request_id)
-    if subject.max_tokens_per_minute is not None:
-        store.window_settle(tokens_name, request_id, tokens)
-    _budget_give_back(subject, request_id, tokens)
+    try:
+        if subject.max_concurrent_requests is not None:
+            store.slot_release(running_name, request_id)
+        if subject.max_tokens_per_minute is not None:
+            store.window_settle(tokens_name, request_id, tokens)
+    finally:
+        _budget_give_back(subject, request_id, tokens)
 
 
 def limits_running_requests(*, subject: Subject) -> int:

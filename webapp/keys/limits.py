@@ -16,6 +16,15 @@ check side by side:
   a concurrency slot (or a chat socket) held by one holder. Taking it again refreshes it. Slots
   expire after SLOT_TTL_S so a crashed process cannot leak them.
 
+Redis unreachable (down, restarting, a partition; RedisLimitStore only): an operation that takes
+something (``window_reserve``, ``window_total``, ``slot_take``, ``slot_count``) raises
+LimitStoreUnavailable within the client's timeouts, and for UNAVAILABLE_RECHECK_S after a failure
+at once, without touching the network, so a request refused for it is not slowed down again by
+its own clean-up. One that gives something back (``window_settle``, ``window_cancel``,
+``slot_release``) never raises for it: it logs a warning and is replayed by the next operation that
+reaches Redis (up to MAX_DEFERRED of them; a slot left behind anyway expires after SLOT_TTL_S, a
+window entry after WINDOW_S). Nothing keeps the outage: the first operation after it reconnects.
+
 The window is a sliding log (one entry per request, at the moment it was admitted), not calendar
 minutes: no 60 seconds ever hold more than the limit, so a burst at a minute's end and another at
 the next one's start is refused, and the retry time is exact: the moment the oldest entries that
@@ -24,14 +33,23 @@ must leave have left. Entries are bounded by the requests admitted in a minute.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 
 from django.conf import settings
 
+logger = logging.getLogger(__name__)
 WINDOW_S = 60
 SLOT_TTL_S = 3600  # longer than any request may run
+UNAVAILABLE_RECHECK_S = 1.0  # after a failure, fail at once for this long before trying Redis again
+MAX_DEFERRED = 10_000  # give-backs kept for replay while Redis is unreachable (the oldest dropped beyond)
+
+
+class LimitStoreUnavailable(Exception):
+    """The limit store (Redis) cannot be reached: the request cannot be checked against its limits."""
 
 
 def _retry_after(entries: list[tuple[float, int]], used: int, amount: int, limit: int, now: float) -> float:
@@ -164,42 +182,96 @@ class RedisLimitStore:
         import redis
 
         self._redis = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        self._unreachable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         self._prefix = prefix
         self._reserve = self._redis.register_script(_WINDOW_RESERVE)
         self._settle = self._redis.register_script(_WINDOW_SETTLE)
         self._total = self._redis.register_script(_WINDOW_TOTAL)
         self._take_slot = self._redis.register_script(_TAKE_SLOT)
+        self._down_until = 0.0  # time.monotonic() before which Redis is taken as unreachable
+        self._deferred: deque = deque(maxlen=MAX_DEFERRED)  # give-backs to replay: (function, args)
+        self._deferred_lock = threading.Lock()
+
+    def _call(self, operation, *args):
+        """``operation(*args)`` against Redis; LimitStoreUnavailable when it cannot be reached."""
+        if time.monotonic() < self._down_until:
+            raise LimitStoreUnavailable("the limit store was unreachable a moment ago")
+        try:
+            if self._deferred:  # first what was given back during an outage: a take may need it
+                self._replay()
+            return operation(*args)
+        except self._unreachable as exc:
+            self._down_until = time.monotonic() + UNAVAILABLE_RECHECK_S
+            raise LimitStoreUnavailable(f"the limit store is unreachable: {exc}") from exc
+
+    def _give_back(self, operation, *args) -> None:
+        """A give-back: done now, or kept for replay (a warning, never an exception) while Redis is unreachable."""
+        try:
+            self._call(operation, *args)
+        except LimitStoreUnavailable as exc:
+            self._deferred.append((operation, args))
+            logger.warning("%s; %s%s deferred until it is back", exc, operation.__name__, args)
+
+    def _replay(self) -> None:
+        """The deferred give-backs, oldest first; an unreachable Redis stops it (the rest stay)."""
+        with self._deferred_lock:
+            replayed = 0
+            while self._deferred:
+                operation, args = self._deferred[0]
+                operation(*args)
+                self._deferred.popleft()
+                replayed += 1
+            if replayed:
+                logger.info("limit store reachable again: %d deferred give-backs replayed", replayed)
 
     def _window_keys(self, name: str) -> list[str]:
         # One hash tag: both keys of a window land on the same Redis Cluster slot.
         return [f"{self._prefix}{{w:{name}}}:at", f"{self._prefix}{{w:{name}}}:amount"]
 
+    def _do_window_reserve(self, name, holder, amount, limit, now):
+        return self._reserve(keys=self._window_keys(name), args=[holder, amount, limit, repr(now), WINDOW_S])
+
     def window_reserve(self, name: str, holder: str, amount: int, limit: int, now: float) -> float | None:
-        answer = self._reserve(keys=self._window_keys(name), args=[holder, amount, limit, repr(now), WINDOW_S])
+        answer = self._call(self._do_window_reserve, name, holder, amount, limit, now)
         answer = answer.decode() if isinstance(answer, bytes) else str(answer)
         if answer == "ok":
             return None
         return math.inf if answer == "inf" else float(answer)
 
-    def window_settle(self, name: str, holder: str, amount: int) -> None:
+    def _do_window_settle(self, name, holder, amount):
         self._settle(keys=self._window_keys(name), args=[holder, amount])
 
-    def window_cancel(self, name: str, holder: str) -> None:
+    def window_settle(self, name: str, holder: str, amount: int) -> None:
+        self._give_back(self._do_window_settle, name, holder, amount)
+
+    def _do_window_cancel(self, name, holder):
         at, amounts = self._window_keys(name)
         with self._redis.pipeline() as pipe:  # MULTI/EXEC
             pipe.zrem(at, holder).hdel(amounts, holder).execute()
 
-    def window_total(self, name: str, now: float) -> int:
+    def window_cancel(self, name: str, holder: str) -> None:
+        self._give_back(self._do_window_cancel, name, holder)
+
+    def _do_window_total(self, name, now):
         return int(self._total(keys=self._window_keys(name), args=[repr(now), WINDOW_S]))
 
-    def slot_take(self, name: str, holder: str, limit: int, now: float) -> bool:
+    def window_total(self, name: str, now: float) -> int:
+        return self._call(self._do_window_total, name, now)
+
+    def _do_slot_take(self, name, holder, limit, now):
         return bool(self._take_slot(keys=[f"{self._prefix}s:{name}"], args=[holder, limit, repr(now), SLOT_TTL_S]))
 
-    def slot_release(self, name: str, holder: str) -> None:
+    def slot_take(self, name: str, holder: str, limit: int, now: float) -> bool:
+        return self._call(self._do_slot_take, name, holder, limit, now)
+
+    def _do_slot_release(self, name, holder):
         self._redis.zrem(f"{self._prefix}s:{name}", holder)
 
+    def slot_release(self, name: str, holder: str) -> None:
+        self._give_back(self._do_slot_release, name, holder)
+
     def slot_count(self, name: str) -> int:
-        return int(self._redis.zcard(f"{self._prefix}s:{name}"))
+        return self._call(lambda: int(self._redis.zcard(f"{self._prefix}s:{name}")))
 
 
 _store = None

@@ -136,6 +136,19 @@ def shed(info: ErrorInfo) -> OpenAIError:
                        headers={"Retry-After": str(retry_after)})
 
 
+LIMITS_UNAVAILABLE_MESSAGE = "The server cannot reach the store of its rate limits; try again shortly."
+LIMITS_UNAVAILABLE_RETRY_AFTER_S = 5  # as the queue's: the time a Redis restart takes
+
+
+def limits_unavailable() -> OpenAIError:
+    """The limit store (Redis, distributed mode) is unreachable: the request cannot be checked
+    against its key's limits, so it is shed like a queue outage. The same code as the queue's on
+    purpose: it is the same Redis (REDIS_URL) and the same remedy (retry after Retry-After); the
+    message tells them apart."""
+    return OpenAIError(503, LIMITS_UNAVAILABLE_MESSAGE, type="server_error", code=QUEUE_UNAVAILABLE,
+                       headers={"Retry-After": str(LIMITS_UNAVAILABLE_RETRY_AFTER_S)})
+
+
 def limit_exceeded(code: str, message: str, retry_after: int | None) -> OpenAIError:
     """429 for a key over one of its limits (webapp.keys.enforcement); Retry-After when waiting helps."""
     error_type = "insufficient_quota" if code == "budget_exhausted" else "rate_limit_exceeded"

@@ -5,12 +5,14 @@ Everything here is synchronous (ORM); the async views call it through ``sync_to_
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from webapp.keys.enforcement import (LimitExceeded, PriorityNotAllowed, apikey_admit, apikey_priority,
                                      apikey_release, apikey_reserve, worst_case_tokens)
+from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ApiKey
 from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
@@ -27,6 +29,7 @@ from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
 COMPLETIONS = UsageRecord.Endpoint.COMPLETIONS
+logger = logging.getLogger(__name__)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Request field -> SamplingParams keyword (same name unless mapped), passed on when not null.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -82,6 +85,9 @@ def generation_admit(*, api_key: ApiKey, request_id: str) -> None:
         apikey_admit(api_key=api_key, request_id=request_id)
     except LimitExceeded as exc:
         raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
+    except LimitStoreUnavailable as exc:
+        logger.warning("request %s refused: %s", request_id, exc)
+        raise errors.limits_unavailable() from exc
 
 
 def _sampling_params(data: dict, max_tokens: int | None, logprobs: int | None) -> dict:
@@ -135,6 +141,9 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         raise errors.invalid_parameter("priority", str(exc)) from exc
     except LimitExceeded as exc:
         raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
+    except LimitStoreUnavailable as exc:
+        logger.warning("request %s refused: %s", request_id, exc)
+        raise errors.limits_unavailable() from exc
     apikey_mark_used(api_key=api_key)
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
