@@ -1,12 +1,15 @@
-"""fp32 vs bf16 vs the default fast path (quantization auto: GGUF Q4 -> int4, bf16) side by side,
-with transformers fp32 batch 64 as the offline reference; runs alternate, medians reported.
+"""fp32 vs bf16 vs the default fast path (quantization auto: GGUF Q4 -> int4, bf16, a dense bf16
+copy for steps of >= quantization_dense_rows rows) vs the same without the dense copy, side by
+side, with transformers fp32 batch 64 as the offline reference; runs alternate, medians reported.
 
     .venv/bin/python bench/fast_path.py [--num-prompts 64] [--max-tokens 64] [--repeats 2]
+        [--configs fp32,bf16,auto,int4-only] [--skip-transformers]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
 import subprocess
@@ -22,9 +25,10 @@ from bench.throughput import load_prompts, run_pagoda, run_transformers  # noqa:
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.cpu_info import describe  # noqa: E402
 
-CONFIGS = {"fp32 float weights": dict(dtype="float32", quantization=None),
-           "bf16 float weights": dict(dtype="bfloat16", quantization=None),
-           "auto (int4 + bf16)": {}}
+CONFIGS = {"fp32": ("fp32 float weights", dict(dtype="float32", quantization=None)),
+           "bf16": ("bf16 float weights", dict(dtype="bfloat16", quantization=None)),
+           "auto": ("auto (int4|dense, bf16)", {}),
+           "int4-only": ("int4 + bf16, no dense", dict(quantization_dense_rows=None))}
 
 
 def batch1_tokens_per_s(llm: LLM, prompt: list[int], max_tokens: int) -> float:
@@ -41,11 +45,14 @@ def main() -> int:
     ap.add_argument("--batch1-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     args = ap.parse_args()
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), "?")
-    print(f"# CPU: {model}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}")
-    llms = {name: LLM("smollm2", max_model_len=2048, **kw) for name, kw in CONFIGS.items()}
+    print(f"# CPU: {model}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    llms = {CONFIGS[key][0]: LLM("smollm2", max_model_len=2048, **CONFIGS[key][1])
+            for key in args.configs.split(",")}
     first = next(iter(llms.values()))
     prompts = load_prompts(first.tokenizer, args.num_prompts)
     hf = None
@@ -70,6 +77,7 @@ def main() -> int:
                 hf, prompts, args.max_tokens, first.tokenizer.pad_token_id or 0))
             print(f"  offline, transformers fp32: {offline['transformers fp32'][-1]:.1f} tok/s", flush=True)
     base = statistics.median(offline["transformers fp32"]) if hf else None
+    print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\n{'system':<24}{'batch-1 tok/s':>14}{'offline ' + str(len(prompts)) + ' tok/s':>18}"
           f"{'vs transformers':>16}   runs: {args.repeats}, {args.max_tokens} tokens a request")
     for name in offline:

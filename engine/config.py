@@ -22,6 +22,11 @@ CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkp
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 CONVERT_QUANTIZATIONS = ("int8", "int4")  # what `python -m engine convert` writes
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+# Rows of a step from which a quantized projection multiplies a dense bf16 copy of its weight
+# instead of running the int4/int8 kernel (CPU with fast bf16 only). Measured on AVX512-BF16
+# (bench/linear_kernels.py, SmolLM2's 30 layers): int4 g32 11.5 ms vs bf16 12.0 at 16 rows,
+# 13.9 vs 12.0 at 17 (the int4 kernel works in tiles of 16 rows), 21 vs 17 at 32.
+DEFAULT_QUANTIZATION_DENSE_ROWS = 17
 # On CPU the default KV pool holds max_num_seqs x max_model_len tokens, at most this fraction
 # of the machine's memory.
 CPU_KV_CACHE_MEMORY_FRACTION = 0.1
@@ -104,6 +109,11 @@ class EngineConfig:
     quantization_group_size: int = _setting(
         32, "input columns per int4 scale and zero when quantizing (GGUF Q4 blocks are 32)",
         choices=INT4_GROUP_SIZES)
+    quantization_dense_rows: int | None = _setting(
+        DEFAULT_QUANTIZATION_DENSE_ROWS, "on a CPU with fast bf16 and bf16 activations, steps of at "
+        "least this many rows multiply a dense bf16 copy of each int4/int8 projection (2 bytes a "
+        "weight more) instead of the weight-only kernel; 0 or null: no dense copy",
+        minimum=0, maximum=1 << 20, is_nullable=True)
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N", str,
                            choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")
     block_size: int = _setting(16, "tokens per KV cache block", choices=BLOCK_SIZES)

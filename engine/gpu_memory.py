@@ -134,7 +134,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
 
 def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
     """Bytes of the model's tensors by kind: "float" parameters and buffers, "int4" / "int8"
-    quantized layers, "lm_head copies" (the LM head's extra products). Shared tensors count once."""
+    quantized layers, "dense bf16 copies" (their weights for steps of many rows), "lm_head copies"
+    (the LM head's extra products). Shared tensors count once."""
     from engine.layers.linear import Int4Linear, Int8Linear
     from engine.quantization.int4 import Int4WeightOnlyLinear
     from engine.quantization.int8 import Int8WeightOnlyLinear
@@ -149,7 +150,9 @@ def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
             if tensor is None or tensor.is_mkldnn or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            totals[kind] = totals.get(kind, 0) + tensor.numel() * tensor.element_size()
+            key = ("dense bf16 copies" if kind in ("int4", "int8")
+                   and tensor is getattr(module, "weight_dense", None) else kind)
+            totals[key] = totals.get(key, 0) + tensor.numel() * tensor.element_size()
         extra = getattr(module, "extra_bytes", 0)  # tensors kept outside parameters and buffers
         if extra:
             totals["lm_head copies"] = totals.get("lm_head copies", 0) + extra

@@ -78,11 +78,13 @@ class ModelRunner:
             quantization = None
         self.quantization_plan = plan_layouts(self.model, native, quantization,
                                               config.quantization_group_size)
+        dense_rows = self._dense_rows()
         if weights is None:
             _init_random_weights(self.model, config.seed)
-            apply_layouts(self.model, self.quantization_plan, self.dtype, keep_values=True)
+            apply_layouts(self.model, self.quantization_plan, self.dtype, keep_values=True,
+                          dense_rows=dense_rows)
         else:
-            apply_layouts(self.model, self.quantization_plan, self.dtype)
+            apply_layouts(self.model, self.quantization_plan, self.dtype, dense_rows=dense_rows)
             load_weights(self.model, _with_progress(weights_for(weights, self.quantization_plan,
                                                                 self.model), progress,
                                                  len(weights) if hasattr(weights, "__len__") else 0))
@@ -110,6 +112,22 @@ class ModelRunner:
             logger.info(self.memory_profile.summary(self.kv_cache_bytes, self.num_blocks,
                                                     self.block_size))
         self.cuda_graphs = self._capture_cuda_graphs()
+
+    def _dense_rows(self) -> int | None:
+        """quantization_dense_rows where it applies (quantized layers, CPU with fast bf16, bf16
+        activations), else None: no dense copies."""
+        rows = self.config.quantization_dense_rows
+        if not (rows and self.quantization_plan):
+            return None
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_info.has_fast_bf16():
+            logger.info("quantization_dense_rows %d unused: dense bf16 copies need a CPU with fast "
+                        "bf16 and bf16 activations (here %s, %s)", rows, self.device,
+                        str(self.dtype).removeprefix("torch."))
+            return None
+        logger.info("quantized projections: steps of >= %d rows use a dense bf16 copy of each "
+                    "weight (its memory is 'dense bf16 copies' below), fewer the int4/int8 kernel",
+                    rows)
+        return rows
 
     # ----------------------------------------------------------------- memory
     @property

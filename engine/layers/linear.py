@@ -9,6 +9,12 @@ The model file builds float layers only. A weight layout is a class here with th
 geometry (``shards``) that the loader swaps in before loading (``quantized_like``, gpt-fast's
 pass style): Int4Linear and Int8Linear stage each shard's rows in plain codes and, once every
 shard has arrived, pack them into the CPU kernel's layout. Fused shards concatenate along N.
+
+Per step shape: the weight-only kernels beat a bf16 GEMM only at few rows (bench/linear_kernels.py;
+on AVX512-BF16 int4 g32 wins up to 16 rows, bf16 from 17), so with ``dense_rows`` set (the engine's
+``quantization_dense_rows``, CPU and bf16 only) a quantized layer also keeps a bf16 copy of its
+weight, dequantized from its own codes when it packs them (one layer at a time, never the whole
+model in fp32), and multiplies steps of at least that many rows by the copy.
 """
 
 from __future__ import annotations
@@ -141,11 +147,12 @@ class Int4Linear(_StagedLinear, Int4WeightOnlyLinear):
     """Group-wise int4 in place of a (fused) Linear; loads Int4Weight shards as they are, float
     ones through quantize_int4."""
 
-    def __init__(self, like: Linear, group_size: int):
+    def __init__(self, like: Linear, group_size: int, dense_rows: int | None = None):
         nn.Module.__init__(self)
         check_int4_shape(like.out_features, like.in_features, group_size)
         self.in_features, self.out_features, self.group_size = (
             like.in_features, like.out_features, group_size)
+        self._dense_rows = dense_rows
         self._stage(like, torch.uint8)
         groups = (like.out_features, like.in_features // group_size)
         self._scales = torch.empty(groups, dtype=KERNEL_DTYPE, device=like.weight.device)
@@ -162,16 +169,17 @@ class Int4Linear(_StagedLinear, Int4WeightOnlyLinear):
     def _pack(self) -> None:
         codes, scales, zeros = self.weight.data, self._scales, self._zeros
         del self.weight, self._scales, self._zeros
-        self.set_weight(codes, scales, zeros, self.group_size)
+        self.set_weight(codes, scales, zeros, self.group_size, self._dense_rows)
 
 
 class Int8Linear(_StagedLinear, Int8WeightOnlyLinear):
     """Per-channel int8 in place of a (fused) Linear; loads Int8Weight shards as they are,
     float ones through quantize_int8. Scales are kept in the activation dtype."""
 
-    def __init__(self, like: Linear, dtype: torch.dtype):
+    def __init__(self, like: Linear, dtype: torch.dtype, dense_rows: int | None = None):
         nn.Module.__init__(self)
         self.in_features, self.out_features, self.dtype = like.in_features, like.out_features, dtype
+        self._dense_rows = dense_rows
         self._stage(like, torch.int8)
         self._scales = torch.empty(like.out_features, dtype=torch.float32, device=like.weight.device)
 
@@ -184,16 +192,17 @@ class Int8Linear(_StagedLinear, Int8WeightOnlyLinear):
     def _pack(self) -> None:
         q, scales = self.weight.data, self._scales
         del self.weight, self._scales
-        self.set_weight(q, scales, self.dtype)
+        self.set_weight(q, scales, self.dtype, self._dense_rows)
 
 
 def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
-                   dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The empty quantized layer ("int4" or "int8") that loads in place of ``layer``."""
+                   dtype: torch.dtype = torch.float32, dense_rows: int | None = None) -> nn.Module:
+    """The empty quantized layer ("int4" or "int8") that loads in place of ``layer``; with
+    ``dense_rows`` it also keeps a bf16 copy for steps of that many rows or more (CPU; int8: bf16)."""
     if layout == "int4":
-        return Int4Linear(layer, group_size)
+        return Int4Linear(layer, group_size, dense_rows)
     if layout == "int8":
-        return Int8Linear(layer, dtype)
+        return Int8Linear(layer, dtype, dense_rows)
     raise ValueError(f"unknown linear layout {layout!r}")
 
 

@@ -137,14 +137,16 @@ def plan_layouts(model: nn.Module, native: dict[str, tuple], quantization: str |
 
 @torch.no_grad()
 def apply_layouts(model: nn.Module, plan: dict[str, tuple], dtype: torch.dtype, *,
-                  keep_values: bool = False) -> None:
+                  keep_values: bool = False, dense_rows: int | None = None) -> None:
     """Swap each planned layer for its empty quantized counterpart (same shards), before loading;
-    ``keep_values`` quantizes the values the float layer holds (a randomly initialised model)."""
+    ``keep_values`` quantizes the values the float layer holds (a randomly initialised model);
+    ``dense_rows``: each also keeps a bf16 copy for steps of that many rows (quantized_like)."""
     for name, (layout, group_size) in plan.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
-        new = quantized_like(old, layout, group_size=group_size or 32, dtype=dtype)
+        new = quantized_like(old, layout, group_size=group_size or 32, dtype=dtype,
+                             dense_rows=dense_rows)
         if keep_values:
             if old.bias is not None:
                 new.weight_loader(new.bias, old.bias.data)

@@ -17,6 +17,12 @@ Facts of that kernel in torch 2.13 (measured; see bench/linear_kernels.py):
   the plain codes (``pack_codes``) and pack them when loading.
 Off the CPU the module keeps the plain nibbles and dequantizes before the product (a Triton
 dequantize-and-multiply kernel is to come).
+
+The kernel wins at few rows and loses to a bf16 GEMM at many (SmolLM2's projections on AVX512-BF16:
+3.6 vs 9.1 ms at 1 row, even at 16, 21 vs 17 ms at 32; bench/linear_kernels.py), so on the CPU
+``set_weight(..., dense_rows=N)`` also keeps a bf16 copy of the dequantized weight (2 bytes a
+weight, beside the 0.63 of the codes and groups of 32) and ``forward`` multiplies a step of N rows or
+more by that copy instead.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from torch import nn
 
 GROUP_SIZES = (32, 64, 128, 256)
 KERNEL_DTYPE = torch.bfloat16  # scales, zeros and activations of the fast CPU product
+DENSE_CHUNK_ROWS = 1024  # rows dequantized at a time into the dense copy (bounds the fp32 scratch)
 
 
 def check_int4_shape(out_features: int, in_features: int, group_size: int) -> None:
@@ -67,6 +74,16 @@ def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     q = codes.float().reshape(out_features, in_features // group_size, group_size)
     w = (q - 8) * scales.float()[..., None] + zeros.float()[..., None]
     return w.reshape(out_features, in_features)
+
+
+def dense_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+               dtype: torch.dtype = KERNEL_DTYPE) -> torch.Tensor:
+    """dequantize_int4 in ``dtype``, DENSE_CHUNK_ROWS rows at a time (fp32 scratch of one chunk)."""
+    out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    for start in range(0, codes.shape[0], DENSE_CHUNK_ROWS):
+        rows = slice(start, start + DENSE_CHUNK_ROWS)
+        out[rows] = dequantize_int4(codes[rows], scales[rows], zeros[rows], group_size)
+    return out
 
 
 def int4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
@@ -115,14 +132,17 @@ class Int4WeightOnlyLinear(nn.Module):
     """y = x dequantize(W)^T (+ b) with W in 4-bit groups; takes and returns the model's dtype."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 group_size: int, bias: torch.Tensor | None = None):
+                 group_size: int, bias: torch.Tensor | None = None, dense_rows: int | None = None):
         super().__init__()
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.set_weight(codes, scales, zeros, group_size)
+        self.set_weight(codes, scales, zeros, group_size, dense_rows)
 
     def set_weight(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                   group_size: int) -> None:
-        """Pack plain codes uint8 [N, K] with scales and zeros [N, K / group] into the kernel's layout."""
+                   group_size: int, dense_rows: int | None = None) -> None:
+        """Pack plain codes uint8 [N, K] with scales and zeros [N, K / group] into the kernel's layout.
+
+        dense_rows (CPU only; None or 0: off): also keep the dequantized weight in bf16,
+        ``weight_dense`` [N, K], and multiply steps of at least that many rows by it."""
         out_features, in_features = codes.shape
         check_int4_shape(out_features, in_features, group_size)
         expected = (out_features, in_features // group_size)
@@ -139,6 +159,11 @@ class Int4WeightOnlyLinear(nn.Module):
         # [K / group, N, 2]: (scale, zero) pairs, the kernel's qScaleAndZeros
         self.register_buffer("scales_and_zeros", torch.stack(
             [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
+        keep_dense = bool(dense_rows) and self.is_cpu_kernel
+        self.dense_rows = dense_rows if keep_dense else None
+        # from the codes and the bf16 groups the kernel reads, one layer (a chunk of it) at a time
+        self.register_buffer("weight_dense", dense_int4(
+            codes, scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size) if keep_dense else None)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, group_size: int = 32,
@@ -156,7 +181,9 @@ class Int4WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [T, K]
-        if self.is_cpu_kernel:
+        if self.weight_dense is not None and x2.shape[0] >= self.dense_rows:
+            out = F.linear(x2.to(KERNEL_DTYPE), self.weight_dense).to(x.dtype)
+        elif self.is_cpu_kernel:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(KERNEL_DTYPE).contiguous(), self.weight_packed, self.group_size,
                 self.scales_and_zeros).to(x.dtype)
@@ -168,4 +195,5 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, bias={self.bias is not None}")
+                f"group_size={self.group_size}, bias={self.bias is not None}"
+                + (f", dense_rows={self.dense_rows}" if self.dense_rows else ""))

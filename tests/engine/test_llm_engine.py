@@ -82,9 +82,14 @@ def test_stop_token_ids_and_eos_end_the_request(tiny):
     assert stopped.finish_reason == "stop" and stopped.stop_reason == target
 
 
+# A prompt whose greedy answer has a margin: "What is the capital of France?" opens with "The"
+# only 0.08 nats ahead of "L" in transformers fp32, a tie in bf16 logits on some paths.
+EOS_PROMPT = "What is 2 + 2?"
+
+
 def test_eos_stops_unless_ignore_eos(smol):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
     stops = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     assert stops.finish_reason == "stop" and stops.token_ids[-1] == 2
     ignores = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
@@ -93,7 +98,7 @@ def test_eos_stops_unless_ignore_eos(smol):
 
 def test_min_tokens_holds_back_eos(smol):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
     short = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     held = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]
     assert len(held.token_ids) >= len(short.token_ids) + 5
