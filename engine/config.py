@@ -25,8 +25,13 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 # Rows of a step from which a quantized projection multiplies a dense bf16 copy of its weight
 # instead of running the int4/int8 kernel (CPU with fast bf16 only). Measured on AVX512-BF16
 # (bench/linear_kernels.py, SmolLM2's 30 layers): int4 g32 11.5 ms vs bf16 12.0 at 16 rows,
-# 13.9 vs 12.0 at 17 (the int4 kernel works in tiles of 16 rows), 21 vs 17 at 32.
-DEFAULT_QUANTIZATION_DENSE_ROWS = 17
+# 13.9 vs 12.0 at 17 (the int4 kernel works in tiles of 16 rows), 21 vs 17 at 32. Off by
+# default: the copy costs 2 bytes a weight (202 MiB for SmolLM2, against a 1.5x-of-llama.cpp
+# memory goal), served 32 streams did not measurably gain, and mixing the two kernels within
+# one request (prefill dense, decode int4) flipped SmolLM2's near-tie answer to "What is the
+# capital of France?". Offline batch jobs gain 1.24x from it: set it to this for them.
+DENSE_ROWS_CROSSOVER = 17
+DEFAULT_QUANTIZATION_DENSE_ROWS = None
 # On CPU the default KV pool holds max_num_seqs x max_model_len tokens, at most this fraction
 # of the machine's memory.
 CPU_KV_CACHE_MEMORY_FRACTION = 0.1
@@ -112,7 +117,8 @@ class EngineConfig:
     quantization_dense_rows: int | None = _setting(
         DEFAULT_QUANTIZATION_DENSE_ROWS, "on a CPU with fast bf16 and bf16 activations, steps of at "
         "least this many rows multiply a dense bf16 copy of each int4/int8 projection (2 bytes a "
-        "weight more) instead of the weight-only kernel; 0 or null: no dense copy",
+        "weight more) instead of the weight-only kernel; 0 or null (the default): no dense copy; 17 is "
+        "the crossover measured on AVX512-BF16",
         minimum=0, maximum=1 << 20, is_nullable=True)
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N", str,
                            choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
-from engine.config import DEFAULT_QUANTIZATION_DENSE_ROWS, EngineConfig
+from engine.config import DEFAULT_QUANTIZATION_DENSE_ROWS, DENSE_ROWS_CROSSOVER, EngineConfig
 from engine.errors import InvalidParameterError
 from engine.gpu_memory import weights_bytes
 from engine.layers.linear import Int4Linear, Int8Linear
@@ -58,7 +58,8 @@ def test_int8_dense_copy_only_for_bf16_and_agrees_with_the_kernel(rows):
 
 
 def test_dense_rows_setting_range_and_default():
-    assert EngineConfig(model="x").quantization_dense_rows == DEFAULT_QUANTIZATION_DENSE_ROWS == 17
+    assert EngineConfig(model="x").quantization_dense_rows is DEFAULT_QUANTIZATION_DENSE_ROWS is None
+    assert EngineConfig(model="x", quantization_dense_rows=DENSE_ROWS_CROSSOVER).quantization_dense_rows == 17
     for value in (None, 0, 1, 64, 1 << 20):
         EngineConfig(model="x", quantization_dense_rows=value)
     for value in (-1, (1 << 20) + 1, 1.5, True, "17"):
