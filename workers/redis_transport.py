@@ -102,6 +102,7 @@ class _Ticket:
 
 class RedisEngineClient(EngineClient):
     transport_errors = (redis.RedisError,)
+    transient_errors = (redis.TimeoutError,)
 
     def __init__(self, url: str):
         self.url = url

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 # WATCH_INTERVAL_S) before giving up. Two, so that a claim already on its way is not mistaken
 # for "nobody took it" when the only worker starts draining right after claiming.
 _NO_WORKER_STRIKES = 2
+# Reads of a queued request's replies that may time out in a row before it counts as an outage.
+_MAX_TRANSIENT_IN_A_ROW = 3
 
 
 # Default queue bound per model: this many queued requests per sequence the model's serving
@@ -81,6 +83,10 @@ class EngineClient(abc.ABC):
 
     # Exceptions of the transport itself (Redis unreachable...): they become queue_unavailable chunks.
     transport_errors: tuple[type[Exception], ...] = ()
+    # Of those, the ones that mean "no answer in time" (a read timed out while this process was
+    # too busy to read, as under a burst of connections): once a request is queued, a few in a
+    # row are taken as silence and the read is tried again from where it stopped.
+    transient_errors: tuple[type[Exception], ...] = ()
     admission: Admission = Admission()  # replaced through workers.connect.get_engine_client
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Chunk]:
@@ -116,7 +122,7 @@ class EngineClient(abc.ABC):
                                        "try again shortly", retry_after=RETRY_AFTER_S))
                 return
             worker_id: str | None = None
-            strikes = 0
+            strikes = timeouts = 0
             while True:
                 now = time.monotonic()
                 if worker_id is None and now >= queue_deadline:
@@ -134,7 +140,15 @@ class EngineClient(abc.ABC):
                         retry_after=RETRY_AFTER_S))
                     return  # _clean_up aborts it in the worker
                 wait_s = min(WATCH_INTERVAL_S, max(0.01, min(queue_deadline, deadline) - now))
-                replies = await self._next_replies(req, ticket, wait_s)
+                try:
+                    replies = await self._next_replies(req, ticket, wait_s)
+                    timeouts = 0
+                except self.transient_errors:
+                    timeouts += 1
+                    if timeouts > _MAX_TRANSIENT_IN_A_ROW:
+                        raise
+                    logger.warning("request %s: a read of its replies timed out; reading again", req.request_id)
+                    continue
                 if not replies:
                     if wait_s < WATCH_INTERVAL_S:
                         continue  # woke for a deadline, not after a silent interval
