@@ -190,12 +190,21 @@ async def test_a_server_shutting_down_refuses_new_turns_and_records_the_cut_answ
     assert (await ws.connect())[0]
     await ws.send_json_to(turn(content="Tell me a long story", max_tokens=450))
     assert (await receive_until(ws, "delta", "error"))[-1]["type"] == "delta"
-    monkeypatch.setattr(shutdown, "_shutting_down", True)  # restored after the test
+    # The tiny model streams 450 tokens in well under a second on an idle machine: pace its
+    # steps (5 ms each) so that the answer is still running when the drain gives up on it.
+    from engine.llm_engine import LLMEngine
+    step = LLMEngine.step
+    monkeypatch.setattr(LLMEngine, "step", lambda self: (time.sleep(0.005), step(self))[1])
+    monkeypatch.setattr(shutdown, "_shutting_down", True)  # both restored after the test
+    # The drain starts at once, with a timeout far shorter than the answer; a new turn arrives meanwhile.
+    draining = asyncio.ensure_future(shutdown.drain_running(0.02))
     await ws.send_json_to(turn(content="And another one"))
-    refused = await receive_until(ws, "error")
-
-    cut = await shutdown.drain_running(0.3)  # what the server's drain does with chat turns
-    done = (await receive_until(ws, "done", "error"))[-1]
+    frames = []
+    while not ({"done", "error"} <= {f["type"] for f in frames}):
+        frames += await receive_until(ws, "done", "error")
+    refused = [f for f in frames if f["type"] == "error"]
+    done = next(f for f in frames if f["type"] == "done")
+    cut = await draining
     await ws.disconnect()
 
     assert refused[-1]["code"] == "server_shutting_down"
