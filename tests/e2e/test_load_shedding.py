@@ -110,7 +110,9 @@ def test_a_burst_of_1000_streams_sheds_the_excess_with_503_and_retry_after_in_bo
         assert r["text"].rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in r["text"]
     for r in refused:
         error = json.loads(r["text"])["error"]
-        assert error["code"] in ("server_overloaded", "queue_timeout"), error
+        # queue_unavailable: under this burst on 2 cores the web process can be starved past its
+        # Redis read timeout (5 s); still a 503 with Retry-After, never a hang (see the README).
+        assert error["code"] in ("server_overloaded", "queue_timeout", "queue_unavailable"), error
         assert error["type"] == "server_error" and int(r["retry_after"]) >= 1
     assert slowest_refusal < 90  # no refusal waits for a queue deadline: the web process's own pace
     assert rss_after - rss_before < 1024  # what 1,000 open requests hold, not an unbounded queue
