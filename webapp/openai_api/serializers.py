@@ -42,7 +42,7 @@ import dataclasses
 
 from rest_framework import serializers
 
-from engine.sampling_params import MAX_INT32, SAMPLING_LIMITS, Limit
+from workers.schema import MAX_INT32, SAMPLING_LIMITS, Limit
 
 MAX_LOGPROBS = SAMPLING_LIMITS["logprobs"].high
 MAX_STOP_STRINGS = SAMPLING_LIMITS["stop"].max_items

@@ -7,8 +7,7 @@ instead of surfacing later as a worker that never comes up.
 
 from django.core.exceptions import ValidationError
 
-from engine.config import SETTINGS_BY_NAME, check_settings
-from engine.errors import InvalidParameterError
+from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, check_settings
 
 
 def validate_engine_settings(settings: object) -> dict:

@@ -16,9 +16,8 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from engine.bundled import BUNDLED_MODELS, DEFAULT_BUNDLED_MODEL, bundled_model_path as engine_bundled_path
-from engine.config import CONVERT_DTYPES
-from engine.errors import ModelLoadError
+from workers.schema import BUNDLED_MODELS, CONVERT_DTYPES, DEFAULT_BUNDLED_MODEL, ModelLoadError
+from workers.schema import bundled_model_path as engine_bundled_path
 from webapp.registry.engine_settings import validate_engine_settings
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.uploads import move_into_place, unpack_upload
