@@ -192,8 +192,12 @@ class MemoryEngineClient(EngineClient):
 
     async def _next_replies(self, req: GenerateRequest, ticket: asyncio.Queue,
                             timeout_s: float) -> list[Reply]:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a get that
+        # completed in the same loop turn as a cancellation and loses the cancel, so a Stop or a
+        # drain arriving with a token would leave the generation running to its end.
         try:
-            replies = list(await asyncio.wait_for(ticket.get(), timeout_s))
+            async with asyncio.timeout(timeout_s):
+                replies = list(await ticket.get())
         except TimeoutError:
             return []
         while not ticket.empty():

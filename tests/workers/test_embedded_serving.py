@@ -11,7 +11,7 @@ import pytest
 from engine import SamplingParams
 from workers import embedded
 from workers.connect import get_engine_client
-from workers.memory_transport import MemoryEngineClient, default_broker
+from workers.memory_transport import MemoryBroker, MemoryEngineClient, default_broker
 from workers.protocol import GenerateRequest
 from workers.redis_transport import RedisEngineClient
 
@@ -53,6 +53,22 @@ async def test_embedded_stream_equals_the_engine_own_greedy_output(client, refer
     assert chunks[-1].finished and chunks[-1].finish_reason == "length"
     assert not any(c.finished or c.error for c in chunks[:-1])
     assert {c.version for c in chunks} == {"v1"}  # stamped by the worker that answered
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_landing_in_the_same_loop_turn_as_a_reply_is_not_lost():
+    """Stop, a closed socket or the shutdown drain cancel the reading task while tokens keep
+    arriving: Python 3.11's asyncio.wait_for returned the reply and dropped that cancel."""
+    client = MemoryEngineClient(MemoryBroker())
+    ticket: asyncio.Queue = asyncio.Queue()
+    for _ in range(20):
+        read = asyncio.create_task(client._next_replies(request(PROMPT, greedy(1)), ticket, timeout_s=5.0))
+        await asyncio.sleep(0)  # the read waits on the reply queue
+        ticket.put_nowait([])  # a worker's replies land...
+        read.cancel()  # ...in the same loop turn as the cancel
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert ticket.empty() or ticket.get_nowait() == []
 
 
 @pytest.mark.asyncio
