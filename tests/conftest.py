@@ -37,6 +37,7 @@ TINY_LLAMA_SIZES = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
 )
+LONG_CONTEXT = 8192  # long_llama_dir's context
 REDIS_SERVER = "/usr/bin/redis-server"
 
 
@@ -59,6 +60,23 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny_llama")
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**TINY_LLAMA_SIZES)).save_pretrained(directory)
+    load_tokenizer("smollm2").save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def long_llama_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with an 8k context: a stream long enough (seconds, even on a fast machine)
+    to still be running when a test that needs it running acts."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.tokenizer import load_tokenizer
+
+    directory = tmp_path_factory.mktemp("long_llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA_SIZES, "max_position_embeddings": LONG_CONTEXT})).save_pretrained(
+        directory)
     load_tokenizer("smollm2").save_pretrained(directory)
     return directory
 

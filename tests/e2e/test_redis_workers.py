@@ -223,7 +223,7 @@ def test_sigterm_to_daphne_aborts_streams_still_running_after_its_drain_timeout_
         site, pair, client):
     """Distributed mode: the workers are not Daphne's to drain; what outlives its drain timeout
     is aborted (in the worker too) and recorded as aborted before the process exits."""
-    drain_timeout = 0.05  # far shorter than 480 tokens, even on an idle machine
+    drain_timeout = 0.05
     web = Site(site.root, site.env)  # a second Daphne on the same database and Redis
     daphne = web.spawn("daphne-drain", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web.port),
                                         "webapp.config.asgi:application"],
@@ -234,16 +234,24 @@ def test_sigterm_to_daphne_aborts_streams_still_running_after_its_drain_timeout_
 
     chunks = iter(drained.completions.create(model=PAIR, **LONG, stream=True))
     first = first_text_chunk(chunks)
-    web.procs.remove(daphne)
-    daphne.send_signal(signal.SIGTERM)
-    sent_at = time.monotonic()
-    # The stream is cut: it ends without a finish_reason, whether the connection then breaks
-    # (an error here) or Daphne closes the response cleanly (the iteration just stops).
-    finish_reasons = []
-    with contextlib.suppress(httpx.HTTPError, openai.APIError):
-        finish_reasons += [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    code = daphne.wait(timeout=drain_timeout + 15)
-    exited_after = time.monotonic() - sent_at
+    # The tiny model writes 480 tokens in well under a second: freeze both workers (SIGSTOP) so
+    # the generation is still running, whatever the machine's speed, when the drain gives up.
+    for worker in pair:
+        worker.send_signal(signal.SIGSTOP)
+    try:
+        web.procs.remove(daphne)
+        daphne.send_signal(signal.SIGTERM)
+        sent_at = time.monotonic()
+        # The stream is cut: it ends without a finish_reason, whether the connection then breaks
+        # (an error here) or Daphne closes the response cleanly (the iteration just stops).
+        finish_reasons = []
+        with contextlib.suppress(httpx.HTTPError, openai.APIError):
+            finish_reasons += [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        code = daphne.wait(timeout=drain_timeout + 15)
+        exited_after = time.monotonic() - sent_at
+    finally:
+        for worker in pair:
+            worker.send_signal(signal.SIGCONT)  # the claimant now reads the abort Daphne sent
     print(f"Daphne exited {exited_after:.1f} s after SIGTERM with code {code}")
 
     assert finish_reasons == []

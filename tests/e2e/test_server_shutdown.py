@@ -1,7 +1,8 @@
 """SIGTERM to Daphne in embedded mode (`make run`): the process exits promptly, and every request
 it had accepted ends with an answer and a usage record, never a hang or a missing record.
 
-Each test starts its own Daphne (and kills it) on one database with the tiny model "tiny":
+Each test starts its own Daphne (and kills it) on one database with the tiny model "tiny", given an
+8k context so that its 8,000-token stream runs for seconds even on a fast machine:
 - a drain timeout longer than the generation: the running stream finishes normally, a request
   sent during the drain gets 503 server_shutting_down, then the process exits 0;
 - a drain timeout far shorter than the generation: the embedded worker gives up on its running
@@ -20,18 +21,22 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.sites import TINY_SETTINGS, make_site, readyz_ok
+from tests.conftest import LONG_CONTEXT
+from tests.e2e.sites import make_site, readyz_ok
 
 pytestmark = pytest.mark.slow
 
-LONG = dict(model="tiny", prompt="Once upon a time", temperature=0, max_tokens=480, extra_body={"ignore_eos": True})
+LONG = dict(model="tiny", prompt="Once upon a time", temperature=0, max_tokens=LONG_CONTEXT - 192,
+            extra_body={"ignore_eos": True})
+# Room in the KV pool for the two long requests the drain tests run at once (16-token blocks).
+SETTINGS = {"num_kv_blocks": 2 * LONG_CONTEXT // 16 + 16, "max_model_len": LONG_CONTEXT, "max_num_seqs": 8}
 EXIT_GRACE_S = 15.0  # beyond the drain timeout: reactor shutdown, worker threads joining
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, tiny_llama_dir):
+def site(tmp_path_factory, long_llama_dir):
     site = make_site(tmp_path_factory.mktemp("shutdown_site"))
-    site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
+    site.manage("register_model", "tiny", str(long_llama_dir), "--engine-settings", json.dumps(SETTINGS))
     site.key = site.create_key("shutdown test")
     yield site
     site.stop()
@@ -59,7 +64,7 @@ def first_text_chunk(chunks):
 def test_sigterm_lets_the_running_stream_finish_refuses_new_requests_and_exits_0(site):
     drain_timeout = 120.0  # far more than the stream needs, even on a busy machine
     daphne, client = start_server(site, drain_timeout)
-    body = LONG  # the longest the tiny model's context allows: ~1 s of tokens on a quiet machine
+    body = LONG  # seconds of tokens on a quiet machine
     chunks = iter(client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
     first = first_text_chunk(chunks)
 
@@ -84,7 +89,7 @@ def test_sigterm_lets_the_running_stream_finish_refuses_new_requests_and_exits_0
 
 def test_a_drain_timeout_shorter_than_the_generation_ends_streamed_and_whole_requests_with_records(
         site, tiny_tokenizer):
-    drain_timeout = 0.05  # far shorter than 480 tokens, even on an idle machine
+    drain_timeout = 0.05  # far shorter than the long stream, even on an idle machine
     daphne, client = start_server(site, drain_timeout)
     outcome = {}
 
