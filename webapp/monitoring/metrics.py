@@ -27,6 +27,9 @@ API_LATENCY = Histogram(
     f"{PREFIX}api_request_latency_seconds", "API request latency as the web process saw it.",
     ("model_name", "endpoint", "status"), registry=REGISTRY,
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0))
+# By OpenAI error code (a bounded set: Pagoda's own codes), for the dashboard's errors-by-code panel.
+API_ERRORS = Counter(f"{PREFIX}api_errors", "API requests that ended in an error, by error code.",
+                     ("model_name", "endpoint", "code"), registry=REGISTRY)
 API_TTFT = Histogram(
     f"{PREFIX}api_time_to_first_token_seconds", "Time to first token of API requests, as the engine measured it.",
     ("model_name", "endpoint"), registry=REGISTRY,
@@ -54,8 +57,10 @@ HISTOGRAMS = {
 
 
 def observe_api_request(*, model: str, endpoint: str, status: str, latency: float,
-                        time_to_first_token: float | None) -> None:
+                        time_to_first_token: float | None, error_code: str | None = None) -> None:
     API_REQUESTS.labels(model, endpoint, status).inc()
+    if status == "error":
+        API_ERRORS.labels(model, endpoint, error_code or "unknown").inc()
     API_LATENCY.labels(model, endpoint, status).observe(latency)
     if time_to_first_token is not None:
         API_TTFT.labels(model, endpoint).observe(time_to_first_token)

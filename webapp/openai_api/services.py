@@ -176,7 +176,8 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     # Metric labels only name registered models: a client's typo must not add a time series.
     status = UsageRecord.Status.ERROR if error is not None else UsageRecord.Status.ABORTED
     observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=status,
-                        latency=latency, time_to_first_token=None)
+                        latency=latency, time_to_first_token=None,
+                        error_code=(error.code or "invalid_request") if error is not None else None)
     return usage_record_create(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],

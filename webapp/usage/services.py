@@ -64,7 +64,7 @@ def usage_record_finish(*, request_id: str, endpoint: str, started: float, outco
     if api_key is not None:
         apikey_release(api_key=api_key, request_id=request_id, tokens=prompt_tokens + outcome.num_output_tokens)
     observe_api_request(model=model.slug, endpoint=endpoint, status=status, latency=latency,
-                        time_to_first_token=outcome.time_to_first_token)
+                        time_to_first_token=outcome.time_to_first_token, error_code=error_code)
     return usage_record_create(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency, api_key=api_key, user=user,
         model=model, version=modelversion_served(admitted=version, served_label=outcome.served_version),
