@@ -141,6 +141,10 @@ class EngineConfig:
     seed: int = _setting(0, "seed of the random weights of a test model")
     enforce_eager: bool = _setting(False, "no CUDA graphs", bool)
     use_triton: bool | None = _setting(None, "Triton kernels; default: on CUDA yes, on CPU no", bool)
+    tensor_parallel_size: int = _setting(
+        1, "processes (one per device) the model is split across by attention heads, MLP columns "
+        "and vocabulary; heads, KV heads, intermediate and vocabulary sizes must divide by it",
+        minimum=1, maximum=64)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, str) and self.model):
