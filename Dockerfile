@@ -1,5 +1,7 @@
-# One image for every Pagoda process in docker-compose.yml (web, engine worker, Celery).
-FROM python:3.11-slim
+# One image for every Pagoda process in docker-compose.yml (bootstrap, web, engine worker, Celery).
+# The base image is pinned; torch from PyPI is its CUDA build on Linux x86_64, so the same image
+# runs the CPU worker and, with a GPU given to the container, the `gpu` profile's.
+FROM python:3.11.10-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -17,5 +19,8 @@ RUN pip install --no-cache-dir -r requirements.txt \
 COPY . .
 
 ENV DJANGO_SETTINGS_MODULE=webapp.config.settings.production
+# Static files (the admin's included) collected into STATIC_ROOT, served by the web process
+# (WhiteNoise). The key only lets the settings import; the stack passes its own at run time.
+RUN SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput -v 0
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "webapp.config.asgi:application"]
