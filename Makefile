@@ -1,7 +1,9 @@
 # Pagoda's entry points. Needs GNU make and python3 (3.11); everything else is installed here.
 #   make run    start Pagoda with the bundled model (DEBUG off, settings.serve)
 #   make dev    the same with DEBUG on (settings.local): for development on this machine only
-#   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x")
+#   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x") on SQLite,
+#               then the database tests (POSTGRES_TESTS) again on a throwaway PostgreSQL server
+#   make test-postgres  only that second run (needs initdb/pg_ctl/postgres on PATH: Debian's postgresql-15)
 #   make test-fast  the same without tests marked slow (servers, browsers, real model): the edit-run loop
 
 PYTHON ?= $(shell command -v python3.11 || echo python3)
@@ -20,9 +22,11 @@ PORT ?= 8000
 # Pending connections the listening socket holds (Twisted's default of 50 resets a burst at connect).
 BACKLOG ?= 1024
 PYTEST_ARGS ?=
+# Run a second time with DATABASE_URL on a PostgreSQL server started (and removed) for the run.
+POSTGRES_TESTS ?= tests/webapp
 BENCH_ARGS ?=
 
-.PHONY: venv system-deps test test-fast run dev bench lint-imports clean
+.PHONY: venv system-deps test test-postgres test-fast run dev bench lint-imports clean
 
 venv: $(STAMP)
 
@@ -48,8 +52,17 @@ system-deps:
 	$$sudo apt-get update && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
 
+# Both runs happen even when the first fails; the target fails if either did.
 test: system-deps venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@status=0; \
+	$(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(MAKE) --no-print-directory test-postgres || status=$$?; \
+	exit $$status
+
+# deploy/stack/postgres.py: initdb into a temporary folder, a free loopback port, stopped and
+# removed afterwards, even when the tests fail or are interrupted.
+test-postgres: venv
+	$(PY) -m deploy.stack.postgres run -- $(PY) -m pytest $(POSTGRES_TESTS) $(PYTEST_ARGS)
 
 test-fast: system-deps venv
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)

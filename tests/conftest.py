@@ -6,11 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.postgres import MARKERS as DATABASE_MARKERS
+from tests.postgres import postgres_server, skip_other_vendors  # noqa: F401 - a fixture of the whole suite
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS_DIR = REPO_ROOT / "test-artifacts"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    for line in DATABASE_MARKERS:
+        config.addinivalue_line("markers", line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_other_vendors(items)  # @pytest.mark.postgres / @pytest.mark.sqlite: see tests/postgres.py
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
