@@ -123,6 +123,14 @@ class BlockManager:
             seq.block_table.append(block_id)
         return True
 
+    def share(self, src: Sequence, dst: Sequence, num_blocks: int) -> None:
+        """Let ``dst`` (holding no blocks) reference ``src``'s first ``num_blocks`` blocks."""
+        assert not dst.block_table, "share() into a sequence that holds blocks"
+        for block_id in src.block_table[:num_blocks]:
+            self.blocks[block_id].ref_count += 1
+            dst.block_table.append(block_id)
+        dst.block_hashes = src.block_hashes[:num_blocks]
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register every block of ``seq`` that became full of computed tokens."""
         if not self.enable_prefix_caching:

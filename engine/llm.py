@@ -22,22 +22,28 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
-        """Run every prompt to completion in one continuous batch; results in input order."""
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *, n: int = 1
+                 ) -> list[CompletionOutput]:
+        """Run every prompt to completion in one continuous batch; results in input order.
+
+        With ``n`` > 1, each prompt gives n samples (sharing its prompt's KV blocks), listed
+        one after the other with their ``index``.
+        """
         prompts = _as_prompt_list(prompts)
         params_list = _as_params_list(params, len(prompts))
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
-        results: dict[str, CompletionOutput] = {}
+        results: dict[tuple[str, int], CompletionOutput] = {}
         for rid, prompt, p in zip(ids, prompts, params_list):
             prompt_ids = self.engine.encode_prompt(prompt)
-            self.engine.add_request(rid, prompt_ids, p)
-            results[rid] = CompletionOutput(rid, prompt if isinstance(prompt, str) else None,
-                                            prompt_ids, "", [], None,
-                                            logprobs=[] if p.logprobs is not None else None)
+            self.engine.add_request(rid, prompt_ids, p, n=n)
+            for i in range(n):
+                results[rid, i] = CompletionOutput(rid, prompt if isinstance(prompt, str) else None,
+                                                   prompt_ids, "", [], None, index=i,
+                                                   logprobs=[] if p.logprobs is not None else None)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
-                _accumulate(results[out.request_id], out)
-        return [results[rid] for rid in ids]
+                _accumulate(results[out.request_id, out.index], out)
+        return [results[rid, i] for rid in ids for i in range(n)]
 
     def chat(self, messages: list[dict] | Sequence[list[dict]],
              params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
@@ -71,7 +77,7 @@ def _accumulate(result: CompletionOutput, out: RequestOutput) -> None:
         result.logprobs.extend(out.logprobs_delta)
     result.num_cached_tokens = out.num_cached_tokens
     result.metrics = out.metrics
-    if out.finished:
+    if out.finish_reason is not None:
         result.finish_reason = out.finish_reason
         result.stop_reason = out.stop_reason
 

@@ -25,8 +25,10 @@ from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
 from engine.models.registry import resolve_model_path
 from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput, TokenLogprob
+from engine.parallel_sampling import SampleGroup, check_n, derive_seed, fork, sample_id
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
+from engine.structured.grammar import GrammarCompiler
 from engine.sequence import Sequence
 from engine.tokenizer import load_tokenizer
 
@@ -53,6 +55,12 @@ class _Request:
     detokenizer: IncrementalDetokenizer
     metrics: RequestMetrics
     max_tokens: int
+    index: int = 0  # which of the request's n samples
+    group: SampleGroup | None = None  # n > 1 only
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id if self.group is None else self.group.request_id
 
 
 class LLMEngine:
@@ -78,8 +86,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    policy=config.scheduling_policy)
+        self.scheduler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                  self.eos_token_ids)  # structured outputs
         self._requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step()
+        self._groups: dict[str, SampleGroup] = {}  # n > 1 requests, by request id
+        self._forking: dict[str, SampleGroup] = {}  # those whose prompt is not computed yet
         # False once a minimal request failed to run on its own after a failed step; True again
         # after the next step (or check_health) that runs. health_error says what failed.
         self.is_healthy = True
@@ -90,14 +102,18 @@ class LLMEngine:
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, *, priority: int = 0,
-                    arrival_time: float | None = None) -> int:
+                    arrival_time: float | None = None, n: int = 1) -> int:
         """Queue a request; returns its prompt length. Raises if it can never be served.
 
-        Atomic: when it raises, nothing of the request remains in the engine.
+        ``n`` > 1 asks for n samples of the same prompt (engine/parallel_sampling.py): their
+        outputs carry ``index``; each sample's end sets its ``finish_reason``, and ``finished``
+        marks the request's last output. Atomic: when it raises, nothing of the request remains.
         """
         if not isinstance(request_id, str):
             raise InvalidParameterError("request_id", "must be a string")
-        if request_id in self._requests:
+        n = check_n(n)
+        ids = [sample_id(request_id, i) for i in range(n)]
+        if any(i in self._requests or i in self._groups for i in ids):
             raise InvalidParameterError("request_id", f"{request_id!r} is already in use")
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -110,18 +126,29 @@ class LLMEngine:
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidParameterError("stop_token_ids", f"token ids must be below the vocabulary size {vocab}")
         max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
-        seq = Sequence(request_id, prompt_ids, params, priority=priority, arrival_time=arrival_time)
-        detok = IncrementalDetokenizer(
-            self.tokenizer, skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
-        self.runner.add_request(request_id, params.seed)  # the last step that may raise
+        group = SampleGroup(request_id, num_live=n) if n > 1 else None
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
         try:
-            self._requests[request_id] = _Request(seq, detok, RequestMetrics(seq.arrival_time),
-                                                  max_tokens)
-            self.scheduler.add(seq)
+            for i, sid in enumerate(ids):
+                seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time)
+                detok = IncrementalDetokenizer(
+                    self.tokenizer, skip_special_tokens=params.skip_special_tokens,
+                    stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
+                self.runner.add_request(sid, derive_seed(params.seed, i))
+                req = _Request(seq, detok, RequestMetrics(arrival_time), max_tokens, i, group)
+                self._requests[sid] = req
+                if group is not None:
+                    group.samples.append(req)
+            if group is not None:
+                group.unforked = group.samples[1:]
+                self._groups[request_id] = self._forking[request_id] = group
+            self.scheduler.add(self._requests[request_id].seq)
         except BaseException:
-            self._requests.pop(request_id, None)
-            self.runner.remove_request(request_id)
+            for sid in ids:
+                self._requests.pop(sid, None)
+                self.runner.remove_request(sid)
+            self._groups.pop(request_id, None)
+            self._forking.pop(request_id, None)
             raise
         return len(prompt_ids)
 
@@ -162,19 +189,26 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks; the next step() reports it as aborted."""
+        group = self._groups.get(request_id)
+        if group is not None:
+            live = [r for r in group.samples if r.seq.request_id in self._requests]
+            self._pending.extend(self._finish(r, FinishReason.ABORT, None, [], None) for r in live)
+            return
         req = self._requests.get(request_id)
-        if req is None:
+        if req is None or req.group is not None:  # a sample's internal id is not a request's
             raise RequestNotFoundError(request_id)
         self._pending.append(self._finish(req, FinishReason.ABORT, None, [], None))
 
     def has_request(self, request_id: str) -> bool:
-        return request_id in self._requests
+        return request_id in self._groups or (request_id in self._requests
+                                              and self._requests[request_id].group is None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 
     @property
     def num_unfinished_requests(self) -> int:
+        """Unfinished sequences: an n > 1 request counts n until its samples end."""
         return len(self._requests)
 
     # ----------------------------------------------------------------- step
@@ -201,9 +235,13 @@ class LLMEngine:
             if not self.is_healthy:
                 self._set_healthy()
         self.scheduler.update_after_step(sched)
+        if self._forking:
+            self._fork_computed_prompts(sampled)
         now = time.monotonic()
         for s in sampled:
-            req = self._requests[s.entry.seq.request_id]
+            req = self._requests.get(s.entry.seq.request_id)
+            if req is None:  # a sample failed, and its group with it
+                continue
             try:
                 outputs.append(self._process_token(req, s.token_id, s.logprob, now))
             except Exception:
@@ -226,6 +264,19 @@ class LLMEngine:
         return self._output(req, req.detokenizer.get_delta(finished=False), [token_id], logprobs,
                             None, None)
 
+    def _fork_computed_prompts(self, sampled) -> None:
+        """Hand samples 1..n-1 to the scheduler once sample 0 has computed the prompt."""
+        for s in sampled:
+            seq = s.entry.seq
+            group = self._forking.get(seq.request_id)
+            if group is None or seq.num_output_tokens:
+                continue
+            del self._forking[seq.request_id]
+            for child in group.unforked:
+                fork(seq, child.seq, self.block_manager)
+                self.scheduler.add(child.seq)
+            group.unforked = []
+
     # ----------------------------------------------------------------- isolation
     def _isolate_failures(self, sched, outputs: list[RequestOutput]) -> list:
         """After ``sched``'s step raised: fail the sequences that fail on their own, keep the
@@ -235,7 +286,8 @@ class LLMEngine:
         failed_ids = {id(e) for e in failed}
         sched.scheduled = [e for e in entries if id(e) not in failed_ids]
         for entry in failed:
-            outputs.append(self._fail(self._requests[entry.seq.request_id]))
+            if (req := self._requests.get(entry.seq.request_id)) is not None:  # not failed with its group
+                outputs.append(self._fail(req))
         if sched.scheduled:
             self._set_healthy()
         else:  # nothing of the step ran: is it these requests, or the engine?
@@ -264,13 +316,26 @@ class LLMEngine:
     def _fail(self, req: _Request) -> RequestOutput:
         """Finish ``req`` with FinishReason.ERROR and free what it holds; touches nothing of its
         state that may be what failed (the detokenizer, the sampler)."""
-        self.scheduler.remove(req.seq)
-        self.runner.remove_request(req.seq.request_id)
-        del self._requests[req.seq.request_id]
+        if req.group is not None:  # the request fails as a whole: its other samples stop
+            for other in req.group.samples:
+                if other is not req and other.seq.request_id in self._requests:
+                    self._release(other)
+            req.group.num_live = 1
+        self._release(req)
         req.metrics.finished_time = time.monotonic()
         out = self._output(req, "", [], None, FinishReason.ERROR, None)
         out.error = REQUEST_FAILED
         return out
+
+    def _release(self, req: _Request) -> None:
+        """Take one sample out of the scheduler, the runner and the engine's tables."""
+        group = req.group
+        if group is not None and req in group.unforked:  # never reached the scheduler
+            group.unforked.remove(req)
+        else:
+            self.scheduler.remove(req.seq)
+        self.runner.remove_request(req.seq.request_id)
+        del self._requests[req.seq.request_id]
 
     def check_health(self) -> bool:
         """Run a one-token greedy probe through the model and sampler; updates ``is_healthy``.
@@ -312,9 +377,7 @@ class LLMEngine:
 
     def _finish(self, req: _Request, reason: str, stop_reason, token_ids: list[int],
                 logprobs: list[TokenLogprob] | None) -> RequestOutput:
-        self.scheduler.remove(req.seq)
-        self.runner.remove_request(req.seq.request_id)
-        del self._requests[req.seq.request_id]
+        self._release(req)
         req.metrics.finished_time = time.monotonic()
         delta = req.detokenizer.get_delta(finished=True)
         if reason == FinishReason.LENGTH and req.detokenizer.matched_stop is not None:
@@ -322,12 +385,16 @@ class LLMEngine:
             reason, stop_reason = FinishReason.STOP, req.detokenizer.matched_stop
         return self._output(req, delta, token_ids, logprobs, reason, stop_reason)
 
-    @staticmethod
-    def _output(req: _Request, text: str, token_ids: list[int], logprobs, reason, stop_reason):
-        seq = req.seq
+    def _output(self, req: _Request, text: str, token_ids: list[int], logprobs, reason, stop_reason):
+        seq, finished = req.seq, reason is not None
+        if finished and req.group is not None:
+            finished = req.group.sample_finished()
+            if finished:
+                self._groups.pop(req.group.request_id, None)
+                self._forking.pop(req.group.request_id, None)
         return RequestOutput(
-            request_id=seq.request_id, text_delta=text, token_ids_delta=token_ids,
-            finished=reason is not None, finish_reason=reason,
+            request_id=req.request_id, text_delta=text, token_ids_delta=token_ids,
+            finished=finished, finish_reason=reason, index=req.index,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens, logprobs_delta=logprobs,
             stop_reason=stop_reason, metrics=dataclasses.replace(req.metrics))

@@ -46,6 +46,9 @@ class RequestOutput:
 
     ``text_delta`` never contains text that may still turn out to be part of a
     stop string, so the concatenation of every delta is exactly the final text.
+    With n > 1 samples, ``index`` says whose delta it is (the token counts are that sample's);
+    a sample has ended when its ``finish_reason`` is set, and ``finished`` marks the request's
+    last output. With n == 1 both happen together and ``index`` is 0.
     """
 
     request_id: str
@@ -60,6 +63,7 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     metrics: RequestMetrics | None = None
     error: str | None = None  # set (REQUEST_FAILED) only with finish_reason FinishReason.ERROR
+    index: int = 0  # which of the request's samples (n > 1)
 
 
 @dataclass
@@ -76,3 +80,4 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None
     metrics: RequestMetrics | None = None
+    index: int = 0  # which of the request's n samples
