@@ -5,6 +5,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("webapp.monitoring.urls")),
+    path("", include("webapp.batches.urls")),  # before openai_api's v1/ catch-all
     path("", include("webapp.openai_api.urls")),
     path("admin/", admin.site.urls),
     path("console/", include("webapp.console.urls")),

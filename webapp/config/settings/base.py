@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "webapp.openai_api",
     "webapp.chat",
     "webapp.console",
+    "webapp.batches",
 ]
 
 MIDDLEWARE = [
