@@ -173,12 +173,13 @@
     });
   }
 
-  function onStart(msg) {
+  function showStreaming(msg, text) {
     if (conversationId !== msg.conversation.id) {
       conversationId = msg.conversation.id;
       history.replaceState(null, "", `/c/${conversationId}/`);
       addSidebarEntry(msg.conversation);
     }
+    markRunning(conversationId, true);
     document.querySelectorAll(".error-banner").forEach((e) => e.remove());
     const um = msg.user_message;
     let userEl = messagesEl.querySelector(`.message[data-id="${um.id}"]`);
@@ -186,13 +187,24 @@
     if (userEl) { while (userEl.nextElementSibling) userEl.nextElementSibling.remove(); userEl.replaceWith(userEl = messageEl(um)); }
     else { userEl = messageEl(um); messagesEl.appendChild(userEl); }
     const el = messageEl({ role: "assistant", content: "", model: msg.model });
-    el.classList.add("waiting");
-    el.querySelector(".body").innerHTML = '<span class="typing" aria-label="Waiting for the first token"><i></i><i></i><i></i></span>';
+    el.classList.add(text ? "streaming" : "waiting");
+    if (!text) el.querySelector(".body").innerHTML = '<span class="typing" aria-label="Waiting for the first token"><i></i><i></i><i></i></span>';
     messagesEl.appendChild(el);
     messagesEl.scrollTop = messagesEl.scrollHeight;
-    streaming = { el, body: el.querySelector(".body"), text: "", frame: 0 };
+    streaming = { el, body: el.querySelector(".body"), text, frame: 0 };
+    if (text) scheduleRender();
     refreshEmptyState();
     setBusy(true);
+  }
+  const onStart = (msg) => showStreaming(msg, "");
+  // An answer already running (a reload, another tab, a reconnect): the text so far, then its deltas.
+  const onResume = (msg) => { finishStreaming(); showStreaming(msg, msg.text || ""); };
+  function onIdle() {
+    // The page was rendered while the answer ran, and it has ended since: load it as stored.
+    const last = messagesEl.querySelector(".message:last-of-type");
+    if (state.running && last && last.classList.contains("user")) { state.running = false; location.reload(); }
+    state.running = false;
+    markRunning(conversationId, false);
   }
 
   function onDelta(msg) {
@@ -212,6 +224,7 @@
   }
 
   function onDone(msg) {
+    markRunning(conversationId, false);
     const s = finishStreaming();
     if (!s) return;
     if (msg.message) {
@@ -223,9 +236,27 @@
   }
 
   function onError(msg) {
+    // A refused turn leaves the answer already running (if any) as it is.
+    if (["busy", "server_shutting_down"].indexOf(msg.code) >= 0) { showError(msg.message); return; }
+    markRunning(conversationId, false);
     const s = finishStreaming();
     if (s && !s.text) s.el.remove();
     showError(msg.message || "Something went wrong.");
+  }
+
+  function markRunning(id, running) {
+    const entry = id && document.querySelector(`#conversation-list .conv[data-id="${id}"]`);
+    if (!entry) return;
+    entry.classList.toggle("running", running);
+    const mark = entry.querySelector(".running-mark");
+    if (running && !mark) {
+      const m = document.createElement("span");
+      m.className = "running-mark"; m.title = "An answer is being written"; m.textContent = "● ";
+      const hidden = document.createElement("span");
+      hidden.className = "visually-hidden"; hidden.textContent = "answer in progress";
+      m.appendChild(hidden);
+      entry.querySelector(".conv-title").after(m);
+    } else if (!running && mark) mark.remove();
   }
 
   function addSidebarEntry(conv) {
@@ -243,14 +274,21 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     socket = new WebSocket(`${scheme}://${location.host}/ws/chat/`);
-    socket.addEventListener("open", () => { connectionEl.textContent = "connected"; connectionEl.className = "connection ok"; });
+    socket.addEventListener("open", () => {
+      connectionEl.textContent = "connected"; connectionEl.className = "connection ok";
+      // An answer of this conversation may be running (written while the page was away): follow it.
+      if (conversationId) socket.send(JSON.stringify({ type: "attach", conversation: conversationId }));
+    });
     socket.addEventListener("message", (event) => {
       const msg = JSON.parse(event.data);
-      ({ start: onStart, delta: onDelta, done: onDone, error: onError }[msg.type] || (() => {}))(msg);
+      ({ start: onStart, resume: onResume, idle: onIdle, delta: onDelta, done: onDone, error: onError }[msg.type]
+        || (() => {}))(msg);
     });
     socket.addEventListener("close", (event) => {
       connectionEl.textContent = "disconnected"; connectionEl.className = "connection bad";
-      if (streaming) onError({ message: "The connection was lost; the answer was stopped." });
+      // The answer keeps running on the server; the next socket attaches to it again.
+      const s = finishStreaming();
+      if (s) s.el.remove();
       if (event.code === 4401) { location.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname); return; }
       setTimeout(connect, event.code === 4429 ? 15000 : 1500);  // 4429: too many sockets open
     });
@@ -275,7 +313,7 @@
       $("composer").requestSubmit();
     }
   });
-  stopBtn.addEventListener("click", () => socket && socket.send(JSON.stringify({ type: "stop" })));
+  stopBtn.addEventListener("click", () => socket && socket.send(JSON.stringify({ type: "stop", conversation: conversationId })));
 
   document.querySelectorAll(".rename-form").forEach((form) => form.addEventListener("submit", (event) => {
     const title = prompt("Rename the conversation", form.elements.title.value);

@@ -168,20 +168,6 @@ async def test_stop_aborts_the_generation_in_the_engine_and_keeps_the_partial_an
 
 
 @pytest.mark.asyncio
-async def test_closing_the_socket_aborts_the_generation(models, session_cookie, chat_worker):
-    aborted_before = worker_stats(chat_worker)["num_requests_finished"].get("abort", 0)
-    ws = communicator(session_cookie)
-    assert (await ws.connect())[0]
-    await ws.send_json_to(turn(content="Tell me a long story", max_tokens=450))
-    assert (await receive_until(ws, "delta", "error"))[-1]["type"] == "delta"
-    await ws.disconnect()
-
-    stats = await stats_when(chat_worker, lambda s: s["num_running"] == 0
-                             and s["num_requests_finished"].get("abort", 0) == aborted_before + 1)
-    assert stats["num_running"] == 0 and stats["num_requests_finished"]["abort"] == aborted_before + 1
-
-
-@pytest.mark.asyncio
 async def test_a_server_shutting_down_refuses_new_turns_and_records_the_cut_answer(
         models, session_cookie, chat_worker, monkeypatch):
     from webapp.config import shutdown

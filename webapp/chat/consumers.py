@@ -1,12 +1,18 @@
 """The chat page's WebSocket: one JSON message per turn in, streamed deltas out.
 
 Page -> server: {"type": "send"|"regenerate"|"edit", "conversation", "message", "content", "model",
-                 "system_prompt", "temperature", "top_p", "max_tokens"} and {"type": "stop"}.
-Server -> page: {"type": "start", ...}, {"type": "delta", "text"}, {"type": "done", "message", "usage",
-                 "tokens_per_s", "prefix_cache_hit", "finish_reason"}, {"type": "error", "code", "message"}.
+                 "system_prompt", "temperature", "top_p", "max_tokens"}, {"type": "stop", "conversation"}
+                 and {"type": "attach", "conversation"}.
+Server -> page: {"type": "start", ...}, {"type": "resume", ..., "text"} (an answer already running:
+                 the text so far), {"type": "idle", "conversation"} (none is), {"type": "delta", "text"},
+                 {"type": "done", "message", "usage", "tokens_per_s", "prefix_cache_hit", "finish_reason"},
+                 {"type": "error", "code", "message"}.
 
-One generation at a time per socket, run as a task: "stop" and a closed socket cancel it, and
-closing the EngineClient iterator (aclosing) aborts the request in the engine.
+A turn's generation belongs to its conversation, not to the socket (chat.generations): closing
+the socket leaves it running, and any socket of the user can attach to it. One at a time per
+conversation; "stop" cancels it, and closing the EngineClient iterator (aclosing) aborts the
+request in the engine. Every frame after the handshake goes through the socket's outbox queue,
+so that frames from the generation and from the socket keep their order.
 
 Bounds, from the user's ChatLimits: at most ``max_sockets`` open sockets per user (one more is
 accepted only to be told {"type": "error", "code": "too_many_connections"} and closed with
@@ -24,21 +30,18 @@ import json
 import logging
 import time
 import uuid
-from contextlib import aclosing
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from webapp.chat import generations
 from webapp.chat.selectors import message_to_dict
-from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError, Turn,
-                                  turn_finish, turn_prepare)
-from webapp.config.shutdown import shutting_down, track
+from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
+                                  turn_prepare)
+from webapp.config.shutdown import shutting_down
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
-from webapp.usage.outcome import Outcome
-from workers.connect import get_engine_client
-from workers.protocol import NO_WORKER
 
 logger = logging.getLogger(__name__)
 NOT_AUTHENTICATED = 4401  # close code the page reads as "log in again"
@@ -57,19 +60,13 @@ def _sockets_name(limits) -> str:
     return f"{limits.counter_name}:sockets"
 
 
-def _error_text(code: str, message: str, model: str) -> str:
-    if code == NO_WORKER:
-        return f"No worker is serving the model {model!r} right now. Start one, or pick another model."
-    return message
-
-
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
-        self.task: asyncio.Task | None = None
-        self.turn: Turn | None = None
         self.socket_id = uuid.uuid4().hex
         self.limits = None
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.pump: asyncio.Task | None = None
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=NOT_AUTHENTICATED)
             return
@@ -92,6 +89,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=TOO_MANY_SOCKETS)
             return
         self.limits = limits
+        self.pump = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            frame = await self.outbox.get()
+            try:
+                await self.send_json(frame)
+            except Exception:  # the socket is already gone (tab closed)
+                return
+
+    def emit(self, frame: dict) -> None:
+        self.outbox.put_nowait(frame)
 
     async def _hold_socket(self, limits) -> bool:
         """Take (or refresh: a slot expires after limits.SLOT_TTL_S) this socket's place."""
@@ -100,13 +109,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                                              limits.max_sockets, time.time())
 
     async def disconnect(self, code):
-        task = getattr(self, "task", None)
-        if task is not None and not task.done():
-            task.cancel()  # closing the tab aborts the generation
-            await asyncio.gather(task, return_exceptions=True)
-        turn = getattr(self, "turn", None)
-        if turn is not None and not turn.is_finished:  # cancelled before it ever ran
-            await database_sync_to_async(turn_finish)(turn=turn, outcome=Outcome(), aborted=True)
+        outbox = getattr(self, "outbox", None)
+        if outbox is not None and getattr(self, "user", None) is not None:
+            generations.detach(outbox, user=self.user)  # the answer itself keeps running
+        pump = getattr(self, "pump", None)
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
         if getattr(self, "limits", None) is not None:
             await database_sync_to_async(get_limit_store().slot_release)(_sockets_name(self.limits), self.socket_id)
 
@@ -119,14 +128,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         limit = max_frame_bytes(self.limits.max_message_chars)
         if len(frame) > limit:
-            await self.send_json({"type": "error", "code": "message_too_large", "param": None,
-                                  "message": f"This message is too large ({len(frame)} bytes; the most is {limit})."})
+            self.emit({"type": "error", "code": "message_too_large", "param": None,
+                       "message": f"This message is too large ({len(frame)} bytes; the most is {limit})."})
             return
         try:
             content = json.loads(frame)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-            await self.send_json({"type": "error", "code": "invalid_json", "param": None,
-                                  "message": "The message is not valid JSON."})
+            self.emit({"type": "error", "code": "invalid_json", "param": None,
+                       "message": "The message is not valid JSON."})
             return
         try:
             await self._hold_socket(self.limits)
@@ -136,90 +145,47 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.receive_json(content)
         except Exception:
             logger.exception("chat turn failed")
-            await self._send_safely({"type": "error", "code": "internal_error",
-                                     "message": "The server had an error with this message."})
+            self.emit({"type": "error", "code": "internal_error",
+                       "message": "The server had an error with this message."})
+
+    def _listened(self) -> list[generations.Generation]:
+        return [g for g in generations.all_running() if self.outbox in g.listeners]
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
-            await self.send_json({"type": "error", "code": "invalid_parameter", "message": "expected an object"})
+            self.emit({"type": "error", "code": "invalid_parameter", "message": "expected an object"})
             return
-        if content.get("type") == "stop":
-            if self.task is not None and not self.task.done():
-                self.task.cancel()
+        kind, conversation_id = content.get("type"), content.get("conversation")
+        running = generations.running_for(user=self.user, conversation_id=conversation_id) \
+            if conversation_id is not None else None
+        if kind == "stop":
+            for generation in [running] if running is not None else self._listened():
+                generations.stop(generation)
+            return
+        if kind == "attach":
+            if running is None:
+                self.emit({"type": "idle", "conversation": conversation_id})
+            elif self.outbox not in running.listeners:
+                generations.attach(running, self.outbox)
             return
         if shutting_down():
-            await self.send_json({"type": "error", "code": "server_shutting_down",
-                                  "message": "The server is restarting; send this again in a moment."})
+            self.emit({"type": "error", "code": "server_shutting_down",
+                       "message": "The server is restarting; send this again in a moment."})
             return
-        if self.task is not None and not self.task.done():
-            await self.send_json({"type": "error", "code": "busy",
-                                  "message": "An answer is still being written; stop it first."})
+        claim = int(conversation_id) if str(conversation_id).isdigit() else None
+        if running is not None or not generations.claim(claim):
+            self.emit({"type": "error", "code": "busy",
+                       "message": "An answer is still being written in this conversation; stop it first."})
             return
         try:
             turn = await database_sync_to_async(turn_prepare)(user=self.user, data=content,
                                                               started=time.monotonic())
         except ChatInputError as exc:
-            await self.send_json(exc.to_dict())
+            self.emit(exc.to_dict())
             return
-        self.turn = turn
-        try:
-            await self.send_json({"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
-                                  "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
-                                  "user_message": message_to_dict(turn.user_message)})
-        except BaseException:
-            await asyncio.shield(database_sync_to_async(turn_finish)(turn=turn, outcome=Outcome(), aborted=True))
-            raise
-        # Tracked: a server shutting down waits for the answer (or records it as aborted).
-        self.task = asyncio.create_task(self._generate(turn))
-        track(turn.request_id, self.task, until_done=True)
-
-    async def _generate(self, turn: Turn) -> None:
-        outcome = Outcome()
-        first_at = None
-        first_tokens = 0
-        aborted = False
-        chunks = get_engine_client(settings.REDIS_URL).generate(turn.engine_request())
-        try:
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    outcome.add(chunk)
-                    if chunk.error is not None:
-                        break
-                    if first_at is None and chunk.token_ids:
-                        first_at, first_tokens = time.monotonic(), len(chunk.token_ids)
-                    if chunk.text:
-                        await self.send_json({"type": "delta", "text": chunk.text})
-        except asyncio.CancelledError:
-            aborted = True  # stop or a closed socket: aclosing has aborted the request
-        except Exception:
-            logger.exception("chat generation %s failed", turn.request_id)
-        ended = time.monotonic()
-        # Shielded: a second cancel (stop, then the tab closing) must not lose the saved answer.
-        message = await asyncio.shield(database_sync_to_async(turn_finish)(turn=turn, outcome=outcome,
-                                                                           aborted=aborted))
-        if outcome.error is not None:
-            await self._send_safely({"type": "error", "code": outcome.error.code,
-                                     "message": _error_text(outcome.error.code, outcome.error.message,
-                                                            turn.model.slug)})
-            return
-        if not aborted and not outcome.finished:
-            await self._send_safely({"type": "error", "code": "internal_error",
-                                     "message": "The server had an error while writing the answer."})
-            return
-        decode_tokens = outcome.num_output_tokens - first_tokens
-        tokens_per_s = decode_tokens / (ended - first_at) if first_at and decode_tokens > 0 and ended > first_at \
-            else None
-        prompt_tokens = outcome.num_prompt_tokens or 0
-        await self._send_safely({
-            "type": "done", "finish_reason": "abort" if aborted else outcome.finish_reason,
-            "message": message_to_dict(message) if message else None,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": outcome.num_output_tokens,
-                      "cached_prompt_tokens": outcome.num_cached_tokens},
-            "tokens_per_s": tokens_per_s, "time_to_first_token": outcome.time_to_first_token,
-            "prefix_cache_hit": outcome.num_cached_tokens / prompt_tokens if prompt_tokens else 0.0})
-
-    async def _send_safely(self, content: dict) -> None:
-        try:
-            await self.send_json(content)
-        except Exception:  # the socket is already gone (tab closed)
-            pass
+        finally:
+            generations.unclaim(claim)
+        start_frame = {"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
+                       "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
+                       "user_message": message_to_dict(turn.user_message)}
+        generations.start(turn=turn, start_frame=start_frame, outbox=self.outbox)

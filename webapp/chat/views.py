@@ -7,6 +7,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.chat.generations import running_conversation_ids
 from webapp.chat.selectors import conversation_get, conversation_list, message_list, message_to_dict
 from webapp.chat.services import conversation_delete, conversation_rename
 from webapp.keys.selectors import chatlimits_allowed_slugs
@@ -26,6 +27,7 @@ def chat_page(request, conversation_id: int | None = None):
     conversation = _owned(request, conversation_id) if conversation_id is not None else None
     models = chatlimits_allowed_slugs(limits=chatlimits_get_or_create(user=request.user),
                                       slugs=[version.model.slug for version in modelversion_list_active()])
+    running = running_conversation_ids(user=request.user)  # answers still being written, in this process
     state = {
         "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
         "messages": [message_to_dict(m) for m in message_list(conversation=conversation)] if conversation else [],
@@ -33,10 +35,12 @@ def chat_page(request, conversation_id: int | None = None):
         "model": conversation.model_name if conversation and conversation.model_name in models
         else (models[0] if models else ""),
         "system_prompt": conversation.system_prompt if conversation else "",
+        "running": bool(conversation and conversation.pk in running),
     }
     return render(request, "chat/index.html", {
         "conversations": conversation_list(user=request.user), "conversation": conversation,
-        "models": models, "state": state})
+        "models": models, "state": state,
+        "running": running})
 
 
 @login_required
