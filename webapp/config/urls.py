@@ -9,5 +9,7 @@ urlpatterns = [
     path("", include("webapp.openai_api.urls")),
     path("admin/", admin.site.urls),
     path("console/", include("webapp.console.urls")),
+    path("", include("webapp.search.urls")),
+    path("", include("webapp.sharing.urls")),
     path("", include("webapp.chat.urls")),
 ]

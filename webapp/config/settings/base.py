@@ -36,6 +36,8 @@ INSTALLED_APPS = [
     "webapp.chat",
     "webapp.console",
     "webapp.batches",
+    "webapp.search",
+    "webapp.sharing",
 ]
 
 MIDDLEWARE = [
