@@ -157,3 +157,10 @@ def test_deleting_the_conversation_removes_its_links(alice, conversation):
     client_of(alice).post(f"/c/{conversation.pk}/delete")
     assert Client().get(f"/s/{link.token}/").status_code == 404
     assert not SharedConversation.objects.exists()
+
+
+def test_the_chat_sidebar_offers_search_and_sharing(alice, conversation):
+    html = client_of(alice).get(f"/c/{conversation.pk}/").content.decode()
+    assert 'type="search"' in html and 'action="/search/"' in html
+    assert 'action="/shared/new"' in html and f'name="conversation" value="{conversation.pk}"' in html
+    assert "search/search.js" in html
