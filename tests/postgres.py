@@ -69,3 +69,57 @@ def postgres_server():
             server.stop()
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def run_behind_row_lock(table: str, pk: int, num_threads: int, work, timeout: float = 30.0) -> list:
+    """``work(i)`` in ``num_threads`` threads, each on its own database connection, released at once.
+
+    A separate connection holds ``SELECT ... FOR UPDATE`` on the row ``pk`` of ``table`` until
+    PostgreSQL shows every thread waiting for a lock (pg_stat_activity), so their transactions
+    really overlap at the statement that takes the row. Returns, in order, what each call returned
+    or the exception it raised.
+    """
+    import threading
+    import time
+
+    from django.db import connections
+
+    results: list = [None] * num_threads
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(i)
+        except Exception as exc:  # handed back to the test, which says what it expected
+            results[i] = exc
+        finally:
+            connections.close_all()  # this thread's connections: none may outlive the test
+
+    holder, watcher = connections.create_connection("default"), connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(num_threads)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        while (waiting := _num_waiting_for_a_lock(watcher)) < num_threads:
+            if time.monotonic() > deadline or not any(t.is_alive() for t in threads):
+                holder.rollback()
+                raise AssertionError(f"only {waiting} of {num_threads} threads queued behind the lock on {table}")
+            time.sleep(0.01)
+        holder.rollback()  # nothing was changed: the threads now contend for the row
+        for thread in threads:
+            thread.join(timeout)
+        assert not any(t.is_alive() for t in threads), "a thread is still running"
+    finally:
+        holder.close()
+        watcher.close()
+    return results
+
+
+def _num_waiting_for_a_lock(connection) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
