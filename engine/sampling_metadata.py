@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.structured.bitmask import fill_bitmask
 
 # (row ids [N] long, token ids [N] long): one entry per (row, token) occurrence
 TokenIndex = tuple[torch.Tensor, torch.Tensor]
@@ -49,6 +50,10 @@ class SamplingMetadata:
     repetition_token_index: TokenIndex | None
     output_token_index: TokenIndex | None
     suppress_token_index: TokenIndex | None
+    # Grammar-constrained rows (engine/structured): their indices [R] long and allowed-token
+    # bitmasks [R, ceil(V/32)] int32 on the device; None when no row is constrained.
+    grammar_rows: torch.Tensor | None = None
+    grammar_bitmask: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -59,10 +64,13 @@ class SamplingMetadata:
         generators: list[torch.Generator | None],
         suppress_token_ids: list[list[int]],
         device: torch.device | str,
+        grammars: list | None = None,
     ) -> SamplingMetadata:
         num_rows = len(params)
         assert len(prompt_token_ids) == len(output_token_ids) == len(generators) \
             == len(suppress_token_ids) == num_rows
+        if grammars is not None:  # a grammar decides where its row may end (min_tokens yields)
+            suppress_token_ids = [[] if g is not None else s for s, g in zip(suppress_token_ids, grammars)]
         greedy = [p.is_greedy for p in params]
         # Truncation knobs of greedy rows are irrelevant: neutralise them so the
         # flags below only look at rows that actually sample.
@@ -85,7 +93,15 @@ class SamplingMetadata:
         seeded_rows = [i for i, (g, gen) in enumerate(zip(greedy, generators))
                        if not g and gen is not None]
 
+        grammar_rows = grammar_bitmask = None
+        if grammars is not None and any(g is not None for g in grammars):
+            rows, bitmask = fill_bitmask(grammars)
+            grammar_rows = torch.tensor(rows, dtype=torch.long, device=device)
+            grammar_bitmask = bitmask.to(device)
+
         return cls(
+            grammar_rows=grammar_rows,
+            grammar_bitmask=grammar_bitmask,
             temperature=temperature,
             top_k=torch.tensor(top_k, dtype=torch.long, device=device),
             top_p=top_p,

@@ -24,6 +24,9 @@ stop                 <= 16 strings,        each string's length in characters
                      each <= 1024 chars
 stop_token_ids       <= 256 ids,           each also below the model's vocabulary size
                      each 0 .. 2**31-1     (checked by the engine, which knows it)
+structured_outputs   one constraint or     engine/structured/spec.py: json, json_object,
+                     None                  regex, choice, grammar; refused when llguidance
+                                           cannot enforce it
 ==================== ===================== ==============================================
 """
 
@@ -110,7 +113,10 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives; 0 = chosen token only
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # the output's constraint (engine/structured/spec.py); JSON-serialisable, as it crosses workers
+    structured_outputs: dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
+    grammar: str | None = field(init=False, repr=False, default=None)  # llguidance's, checked
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -144,6 +150,15 @@ class SamplingParams:
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidParameterError(name, f"must be true or false, got {_show(getattr(self, name))}")
+        if self.structured_outputs is not None:
+            from engine.structured.spec import structured_grammar  # llguidance: no torch
+
+            self.grammar = structured_grammar(self.structured_outputs)
+            if self.ignore_eos:
+                raise InvalidParameterError("ignore_eos", "cannot be combined with structured_outputs: "
+                                                          "the grammar decides where the output ends")
+        else:
+            self.grammar = None
 
     @property
     def is_greedy(self) -> bool:

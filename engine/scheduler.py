@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
+IDLE_COMPILE_WAIT_S = 0.005  # a step with nothing to run but a grammar compiling waits this long for it
+
 
 @dataclass
 class ScheduledSequence:
@@ -55,9 +57,14 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # engine/structured/grammar.py's GrammarCompiler, set by the engine: a constrained
+        # sequence's grammar is compiled off this thread from add(), and it waits until ready
+        self.grammars = None
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence) -> None:
+        if seq.params.grammar is not None and seq.grammar is None:
+            seq.grammar = self.grammars.submit(seq.params.grammar)
         seq.status = SequenceStatus.WAITING
         self._insort(self.waiting, seq)
 
@@ -110,10 +117,15 @@ class Scheduler:
         # Waiting sequences, in policy order, while nothing had to be preempted.
         bs = self.block_manager.block_size
         in_flight: set[int] = set()  # hashes of prompt blocks this step computes
+        compiling: Sequence | None = None
         i = 0
         while (i < len(self.waiting) and budget > 0 and not out.preempted
                and len(self.running) < self.max_num_seqs):
             seq = self.waiting[i]
+            if seq.grammar is not None and not seq.grammar.ready:  # still compiling, off this thread
+                compiling = seq
+                i += 1
+                continue
             computed: list[int] = []
             hashes: list[int] = []
             if seq.num_computed_tokens == 0 and self.block_manager.enable_prefix_caching:
@@ -141,6 +153,8 @@ class Scheduler:
             budget -= num_new
 
         out.scheduled = list(scheduled.values())
+        if not out.scheduled and compiling is not None:  # idle but for a compile: no busy loop
+            compiling.grammar.wait(IDLE_COMPILE_WAIT_S)
         return out
 
     def update_after_step(self, out: SchedulerOutput) -> None:
@@ -155,6 +169,8 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        if seq.grammar is not None and seq.grammar.ready:  # its state, rebuilt from its tokens
+            seq.grammar.replay(seq.output_token_ids)
         seq.num_preemptions += 1
         self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING

@@ -41,6 +41,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
         self.num_preemptions = 0
         self.is_first_schedule = True
+        self.grammar = None  # a constrained request's RequestGrammar (engine/structured/grammar.py)
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +68,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
+        if self.grammar is not None and not self.grammar.accept(token_id):  # fails this request alone
+            raise ValueError(f"token {token_id} breaks the request's grammar: {self.grammar.matcher.get_error()}")
         self.token_ids.append(token_id)
 
     def sort_key(self, policy: str) -> tuple:

@@ -1,7 +1,7 @@
 """Batched, vectorised next-token sampling.
 
 Order of operations on the logits [S, V]:
-suppressed ids -> penalties -> (greedy rows: argmax) -> temperature -> top-k
+suppressed ids -> penalties -> grammar bitmask -> (greedy rows: argmax) -> temperature -> top-k
 -> top-p -> min-p -> exponential-race sample. Every step is skipped when no row
 in the batch uses it, so an all-greedy batch without penalties costs one argmax.
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling_metadata import SamplingMetadata
+from engine.structured.bitmask import apply_bitmask
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Sampler(torch.nn.Module):
             logits = logits.index_put(meta.suppress_token_index, logits.new_full((), float("-inf")))
         if not meta.no_penalties:
             logits = apply_penalties(logits, meta)
+        if meta.grammar_rows is not None:  # constrained rows only; the others are not touched
+            logits = apply_bitmask(logits, meta.grammar_rows, meta.grammar_bitmask)
 
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
