@@ -216,6 +216,7 @@ class ModelRunner:
             generators=[self.generators.get(e.seq.request_id) for e in entries],
             suppress_token_ids=suppress,
             device=self.device,
+            grammars=[e.seq.grammar for e in entries],
         )
 
     @staticmethod
