@@ -44,6 +44,21 @@ def structured_grammar(spec: object, param: str = "structured_outputs") -> str:
     if len(keys) != 1:
         raise InvalidParameterError(param, "exactly one of " + ", ".join(KINDS) + " must be set")
     kind, value = keys[0], spec[keys[0]]
+    try:
+        grammar = _grammar(kind, value, param)
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # llguidance's own refusals
+        if isinstance(exc, InvalidParameterError):
+            raise
+        raise InvalidParameterError(param, f"cannot be enforced: {_first_line(str(exc))}") from exc
+    error = LLMatcher.validate_grammar(grammar, None)
+    if error:
+        raise InvalidParameterError(param, f"cannot be enforced: {_first_line(error)}")
+    return grammar
+
+
+def _grammar(kind: str, value: object, param: str) -> str:
+    from llguidance import LLMatcher
+
     if kind == "json":
         schema = _schema(value, param)
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
@@ -63,9 +78,6 @@ def structured_grammar(spec: object, param: str = "structured_outputs") -> str:
         grammar = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
     else:
         grammar = LLMatcher.grammar_from_lark(_text(value, param, kind))
-    error = LLMatcher.validate_grammar(grammar, None)
-    if error:
-        raise InvalidParameterError(param, f"cannot be enforced: {_first_line(error)}")
     return grammar
 
 
