@@ -10,7 +10,8 @@ from engine.bundled import BUNDLED_MODELS, DEFAULT_BUNDLED_MODEL, bundled_model_
 from engine.config import CONVERT_DTYPES, SETTINGS_BY_NAME, check_settings
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.sampling_params import MAX_INT32, SAMPLING_LIMITS, Limit
+from engine.structured.spec import structured_grammar
 
 __all__ = ["BUNDLED_MODELS", "CONVERT_DTYPES", "DEFAULT_BUNDLED_MODEL", "InvalidParameterError", "Limit",
            "MAX_INT32", "ModelLoadError", "SAMPLING_LIMITS", "SETTINGS_BY_NAME", "bundled_model_path",
-           "check_settings"]
+           "check_settings", "structured_grammar"]

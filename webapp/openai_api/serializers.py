@@ -42,6 +42,7 @@ import dataclasses
 
 from rest_framework import serializers
 
+from webapp.openai_api.constraints import request_constraint
 from workers.schema import MAX_INT32, SAMPLING_LIMITS, Limit
 
 MAX_LOGPROBS = SAMPLING_LIMITS["logprobs"].high
@@ -207,9 +208,8 @@ class SamplingInputSerializer(serializers.Serializer):
             value = self.initial_data.get(name)
             if not (value in (None, False, [], {}) or (name == "best_of" and value == 1)):
                 raise serializers.ValidationError({name: "is not supported"})
-        fmt = self.initial_data.get("response_format")
-        if fmt not in (None, {"type": "text"}):
-            raise serializers.ValidationError({"response_format": "only {\"type\": \"text\"} is supported"})
+        # response_format / structured_outputs as the engine's constraint (webapp/openai_api/constraints.py)
+        attrs["structured_outputs"] = request_constraint(self.initial_data)
         if attrs.get("stream_options") and not attrs.get("stream"):
             raise serializers.ValidationError({"stream_options": "is only allowed when stream is true"})
         return attrs

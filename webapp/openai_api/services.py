@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Request field -> SamplingParams keyword (same name unless mapped), passed on when not null.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "ignore_eos")
+                   "frequency_penalty", "seed", "stop", "ignore_eos", "structured_outputs")
 
 
 def new_request_id(endpoint: str) -> str:
