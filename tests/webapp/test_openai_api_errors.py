@@ -98,7 +98,7 @@ def test_a_model_outside_the_keys_scope_answers_exactly_like_an_unknown_one(clie
 
 
 @pytest.mark.parametrize(("url", "body", "param"), [
-    (CHAT, {"model": "tiny", "messages": HELLO, "n": 2}, "n"),
+    (CHAT, {"model": "tiny", "messages": HELLO, "n": 17}, "n"),
     (CHAT, {"model": "tiny", "messages": HELLO, "temperature": 2.5}, "temperature"),
     (CHAT, {"model": "tiny", "messages": HELLO, "top_p": 0}, "top_p"),
     (CHAT, {"model": "tiny", "messages": HELLO, "max_tokens": 0}, "max_tokens"),

@@ -23,7 +23,7 @@ seed                 -2**63 .. 2**64-1                      engine
 stop                 a string or <= 16 strings, each        engine
                      <= 1024 characters
 logprobs (completions), top_logprobs (chat)  0 .. 20        engine
-n                    1                                      one choice per request
+n                    1 .. MAX_N (16)                        choices, sharing the prompt's KV blocks
 priority             -2**31 .. 2**31-1                      int32
 user                 a string of at most 256 characters     UsageRecord.end_user
 messages             1 .. 2048 messages                     OpenAI's cap
@@ -51,6 +51,7 @@ MAX_MODEL_LENGTH = 200  # UsageRecord.model_name holds it
 MAX_USER_LENGTH = 256  # UsageRecord.end_user holds it
 MAX_MESSAGES = 2048
 MAX_NAME_LENGTH = 64
+MAX_N = 16  # choices per request: each is a sequence in the engine's batch (engine allows 64)
 MAX_CONTENT_PARTS = 2048
 OPENAI_MAX_TEMPERATURE = 2.0
 PRIORITY_LIMIT = Limit(int, -MAX_INT32 - 1, MAX_INT32)
@@ -199,8 +200,8 @@ class SamplingInputSerializer(serializers.Serializer):
     priority = LimitField(PRIORITY_LIMIT)
 
     def validate_n(self, value):
-        if value not in (None, 1):
-            raise serializers.ValidationError("only n=1 is supported")
+        if value is not None and not 1 <= value <= MAX_N:
+            raise serializers.ValidationError(f"must be from 1 to {MAX_N}")
         return value
 
     def validate(self, attrs):
