@@ -315,7 +315,7 @@ class EngineWorker:
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids,
                                         sampling_params(req.params), priority=req.priority,
-                                        arrival_time=self._arrival_time(req.created_at))
+                                        arrival_time=self._arrival_time(req.created_at), n=req.n)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)

@@ -73,6 +73,7 @@ class GenerateRequest:
     priority: int = 0
     reply_to: str = ""  # filled in by the transport when empty
     created_at: float = field(default_factory=time.time)  # wall clock; queueing counts in TTFT
+    n: int = 1  # samples of the prompt (the engine checks the range)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -84,6 +85,8 @@ class GenerateRequest:
             raise ProtocolError("GenerateRequest: request_id must be a non-empty string")
         if not isinstance(req.reply_to, str):
             raise ProtocolError("GenerateRequest: reply_to must be a string")
+        if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
+            raise ProtocolError("GenerateRequest: n must be a positive integer")
         return req
 
 
@@ -92,6 +95,10 @@ class Chunk:
     """A batch of one request's deltas; the last one has ``finished=True``.
 
     A worker-side failure is a final chunk with ``error`` set and ``finish_reason`` None.
+    For a request with n > 1 samples the deltas are in ``samples`` instead, one SampleDelta dict
+    per sample that moved: {"index", "text", "token_ids", "logprobs", "finish_reason",
+    "num_output_tokens"} (finish_reason set once that sample ended); text, token_ids and logprobs
+    are then empty, num_output_tokens is the samples' sum and finish_reason the last one's.
     """
 
     request_id: str
@@ -108,6 +115,7 @@ class Chunk:
     # The version the answering worker serves: during an activation the web side may have
     # admitted the request for the new version while the old one still answers it.
     version: str | None = None
+    samples: list[dict] | None = None  # n > 1 only, see above
 
     @classmethod
     def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:

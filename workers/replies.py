@@ -3,7 +3,8 @@
 Deltas are batched: a chunk leaves when the request finishes, when its first token is ready
 (time to first token is what users feel), when FLUSH_TOKENS tokens have piled up, or when
 FLUSH_INTERVAL_S has passed since the last chunk. On a fast device that is a few tokens per
-message instead of one message per token per step.
+message instead of one message per token per step. A request with n > 1 samples sends the
+deltas of every sample that moved in one chunk (Chunk.samples), each under its index.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class InFlight:
         self.num_chunks_sent = 0
         self.last_sent = 0.0  # time.monotonic() of the last chunk
         self.ttft_seen = False
+        # n > 1: index -> that sample's pending delta, and each sample's output token count.
+        self._samples: dict[int, dict] | None = {} if req.n > 1 else None
+        self._sample_tokens: dict[int, int] = {}
 
     @property
     def finished(self) -> bool:
@@ -45,12 +49,26 @@ class InFlight:
         """Accumulate one step's engine.outputs.RequestOutput."""
         self._latest = out
         self._dirty = True
+        if self._samples is not None:
+            self._add_sample(out)
+            return
         self._text.append(out.text_delta)
         self._token_ids.extend(out.token_ids_delta)
         if out.logprobs_delta is not None:
             if self._logprobs is None:
                 self._logprobs = []
             self._logprobs.extend(logprob_to_dict(lp) for lp in out.logprobs_delta)
+
+    def _add_sample(self, out) -> None:
+        delta = self._samples.setdefault(out.index, {"index": out.index, "text": "", "token_ids": [],
+                                                     "logprobs": None, "finish_reason": None})
+        delta["text"] += out.text_delta
+        delta["token_ids"].extend(out.token_ids_delta)
+        if out.logprobs_delta is not None:
+            delta["logprobs"] = (delta["logprobs"] or []) + [logprob_to_dict(lp) for lp in out.logprobs_delta]
+        delta["finish_reason"] = out.finish_reason or delta["finish_reason"]
+        delta["num_output_tokens"] = self._sample_tokens[out.index] = out.num_output_tokens
+        self._token_ids.extend(out.token_ids_delta)  # counted for FLUSH_TOKENS only
 
     def is_due(self, now: float) -> bool:
         if not self._dirty:
@@ -66,6 +84,10 @@ class InFlight:
             logprobs=self._logprobs, finished=out.finished, finish_reason=out.finish_reason,
             num_prompt_tokens=out.num_prompt_tokens, num_output_tokens=out.num_output_tokens,
             num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft)
+        if self._samples is not None:
+            chunk.token_ids = []
+            chunk.num_output_tokens = sum(self._sample_tokens.values())
+            chunk.samples, self._samples = sorted(self._samples.values(), key=lambda d: d["index"]), {}
         self._text, self._token_ids, self._logprobs = [], [], None
         self._dirty = False
         self.num_chunks_sent += 1

@@ -123,8 +123,7 @@ async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, o
         running.task = asyncio.current_task()  # the server's task sending the response now
     try:
         async with aclosing(chunks):
-            for part in (formatter.start(), formatter.delta(first.text, first.logprobs,
-                                                           first.finish_reason if first.finished else None)):
+            for part in (formatter.start(), formatter.chunk(first)):
                 if part:
                     yield part
             if not first.finished:
@@ -133,7 +132,7 @@ async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, o
                     if chunk.error is not None:
                         error = errors.from_error_info(chunk.error, prompt_param=gen.prompt_param)
                         break
-                    part = formatter.delta(chunk.text, chunk.logprobs, chunk.finish_reason if chunk.finished else None)
+                    part = formatter.chunk(chunk)
                     if part:
                         yield part
         # Recorded before the last events: a client that has read [DONE] finds its usage, and one

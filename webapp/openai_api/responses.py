@@ -1,11 +1,20 @@
-"""Response bodies and stream chunks in OpenAI's shapes."""
+"""Response bodies and stream chunks in OpenAI's shapes.
+
+Chat logprobs are OpenAI's ``choices[i].logprobs = {"content": [{token, logprob, bytes,
+top_logprobs: [{token, logprob, bytes}]}], "refusal": None}``, where ``bytes`` are the token's own
+UTF-8 bytes (a token holding half of a character has the raw half); /v1/completions keeps the
+legacy ``{tokens, token_logprobs, top_logprobs, text_offset}``. With n > 1 every choice has its
+``index``; a stream sends one chunk per choice delta, each naming its ``index``.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 
 from webapp.openai_api.services import CHAT, Generation, Outcome
 from webapp.registry.tokenizers import ModelTokenizer
+from workers.protocol import Chunk
 
 DONE = b"data: [DONE]\n\n"
 
@@ -15,6 +24,7 @@ def sse(payload: dict) -> bytes:
 
 
 def usage_body(outcome: Outcome) -> dict:
+    """Prompt counted once, the completions of every choice summed."""
     prompt = outcome.num_prompt_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": outcome.num_output_tokens,
             "total_tokens": prompt + outcome.num_output_tokens,
@@ -25,16 +35,44 @@ def finish_reason(reason: str | None) -> str | None:
     return "stop" if reason == "abort" else reason  # OpenAI knows stop and length
 
 
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character of each byte, reversed (byte-level BPE pieces)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def token_bytes(tokenizer: ModelTokenizer, token_id: int, text: str) -> list[int]:
+    """The token's own bytes: byte-level BPE pieces and <0xNN> byte-fallback pieces exactly."""
+    piece = tokenizer.tokenizer.id_to_token(token_id)
+    if piece is None:
+        return list(text.encode())
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return [int(piece[3:5], 16)]
+    if type(tokenizer.tokenizer.decoder).__name__ == "ByteLevel" and piece != text:
+        table = _byte_level_decoder()
+        if all(c in table for c in piece):
+            return [table[c] for c in piece]
+    return list(text.encode())
+
+
 def _token(tokenizer: ModelTokenizer, token_id: int, logprob: float) -> dict:
     text = tokenizer.decode_token(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    return {"token": text, "logprob": logprob, "bytes": token_bytes(tokenizer, token_id, text)}
 
 
 def chat_logprobs(tokenizer: ModelTokenizer, entries: list[dict]) -> dict:
     return {"content": [
         {**_token(tokenizer, e["token_id"], e["logprob"]),
          "top_logprobs": [_token(tokenizer, tid, lp) for tid, lp in e.get("top") or []]}
-        for e in entries]}
+        for e in entries], "refusal": None}
 
 
 def completion_logprobs(tokenizer: ModelTokenizer, entries: list[dict], text_offset: int = 0) -> dict:
@@ -53,16 +91,21 @@ def _envelope(gen: Generation, obj: str) -> dict:
 
 
 def completion_body(gen: Generation, outcome: Outcome) -> dict:
-    """The non-streaming response."""
-    if gen.endpoint == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                  "logprobs": chat_logprobs(gen.tokenizer, outcome.logprobs) if gen.wants_logprobs else None,
-                  "finish_reason": finish_reason(outcome.finish_reason)}
-        return {**_envelope(gen, "chat.completion"), "choices": [choice], "usage": usage_body(outcome)}
-    choice = {"index": 0, "text": outcome.text,
-              "logprobs": completion_logprobs(gen.tokenizer, outcome.logprobs) if gen.wants_logprobs else None,
-              "finish_reason": finish_reason(outcome.finish_reason)}
-    return {**_envelope(gen, "text_completion"), "choices": [choice], "usage": usage_body(outcome)}
+    """The non-streaming response: one choice per sample, by index."""
+    outcome.choice(gen.n - 1)  # every choice listed, also one that produced nothing
+    choices = []
+    for index, sample in enumerate(outcome.choices):
+        if gen.endpoint == CHAT:
+            choices.append({"index": index, "message": {"role": "assistant", "content": sample.text},
+                            "logprobs": chat_logprobs(gen.tokenizer, sample.logprobs) if gen.wants_logprobs else None,
+                            "finish_reason": finish_reason(sample.finish_reason)})
+        else:
+            choices.append({"index": index, "text": sample.text,
+                            "logprobs": (completion_logprobs(gen.tokenizer, sample.logprobs)
+                                         if gen.wants_logprobs else None),
+                            "finish_reason": finish_reason(sample.finish_reason)})
+    obj = "chat.completion" if gen.endpoint == CHAT else "text_completion"
+    return {**_envelope(gen, obj), "choices": choices, "usage": usage_body(outcome)}
 
 
 class StreamFormatter:
@@ -70,7 +113,7 @@ class StreamFormatter:
 
     def __init__(self, gen: Generation):
         self.gen = gen
-        self.text_offset = 0
+        self.text_offsets = [0] * gen.n  # completions: characters streamed so far, per choice
 
     def _chunk(self, choice: dict) -> bytes:
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
@@ -80,26 +123,33 @@ class StreamFormatter:
         return sse(body)
 
     def start(self) -> bytes:
-        """Chat streams open with the assistant's role; completion streams have no opener."""
+        """Chat streams open with the assistant's role (once per choice); completion streams have no opener."""
         if self.gen.endpoint != CHAT:
             return b""
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None})
+        return b"".join(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                     "finish_reason": None}) for i in range(self.gen.n))
 
-    def delta(self, text: str, logprobs: list[dict] | None, reason: str | None = None) -> bytes:
+    def chunk(self, chunk: Chunk) -> bytes:
+        """The events of one worker chunk: a delta of its one choice, or of each sample that moved."""
+        if chunk.samples is None:
+            return self.delta(chunk.text, chunk.logprobs, chunk.finish_reason if chunk.finished else None)
+        return b"".join(self.delta(s["text"], s.get("logprobs"), s.get("finish_reason"), index=s["index"])
+                        for s in chunk.samples)
+
+    def delta(self, text: str, logprobs: list[dict] | None, reason: str | None = None, *, index: int = 0) -> bytes:
         if not text and not logprobs and reason is None:
             return b""  # a chunk that only moved the stop-string holdback
         tokenizer = self.gen.tokenizer
         if self.gen.endpoint == CHAT:
-            choice = {"index": 0, "delta": {"content": text} if text or not reason else {},
+            choice = {"index": index, "delta": {"content": text} if text or not reason else {},
                       "logprobs": chat_logprobs(tokenizer, logprobs or []) if self.gen.wants_logprobs else None,
                       "finish_reason": finish_reason(reason)}
         else:
-            choice = {"index": 0, "text": text,
-                      "logprobs": (completion_logprobs(tokenizer, logprobs or [], self.text_offset)
+            choice = {"index": index, "text": text,
+                      "logprobs": (completion_logprobs(tokenizer, logprobs or [], self.text_offsets[index])
                                    if self.gen.wants_logprobs else None),
                       "finish_reason": finish_reason(reason)}
-            self.text_offset += len(text)
+            self.text_offsets[index] += len(text)
         return self._chunk(choice)
 
     def usage(self, outcome: Outcome) -> bytes:

@@ -59,6 +59,7 @@ class Generation:
     started: float  # time.monotonic() when the request arrived
     end_user: str = ""  # the request's ``user``, for the usage record only
     created: int = field(default_factory=lambda: int(time.time()))
+    n: int = 1  # choices (samples of the prompt)
 
     @property
     def prompt_param(self) -> str:
@@ -66,7 +67,8 @@ class Generation:
 
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
-                               prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority)
+                               prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
+                               n=self.n)
 
 
 def api_key_from_header(authorization: str | None) -> ApiKey:
@@ -134,7 +136,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     try:  # the worst case is held against the key's token rate and budget before scheduling
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
-        apikey_reserve(api_key=api_key, request_id=request_id, tokens=worst_case_tokens(
+        apikey_reserve(api_key=api_key, request_id=request_id, tokens=(values.get("n") or 1) * worst_case_tokens(
             num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
             max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
     except PriorityNotAllowed as exc:
@@ -150,7 +152,8 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
-        wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "")
+        wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
+        n=values.get("n") or 1)
 
 
 def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool = False,
