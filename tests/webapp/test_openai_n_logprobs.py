@@ -119,6 +119,10 @@ def test_chat_logprobs_have_openais_exact_shape_and_the_engines_values(client, k
                 ignore_eos=True, logprobs=True, top_logprobs=3).json()
 
     parsed = openai.types.chat.ChatCompletion.model_validate(body)
+    # The documented keys are the openai package's own fields, no more, no fewer.
+    assert LOGPROBS_KEYS == set(openai.types.chat.chat_completion.ChoiceLogprobs.model_fields)
+    assert TOKEN_KEYS == set(openai.types.chat.ChatCompletionTokenLogprob.model_fields)
+    assert TOP_KEYS == set(openai.types.chat.chat_completion_token_logprob.TopLogprob.model_fields)
     logprobs = body["choices"][0]["logprobs"]
     assert set(logprobs) == LOGPROBS_KEYS and logprobs["refusal"] is None
     assert len(logprobs["content"]) == 6
