@@ -85,6 +85,15 @@ def test_search_finds_conversation_titles(alice):
     assert hits[0].url == f"/c/{trip.pk}/"
 
 
+def test_a_title_that_repeats_a_message_gives_one_result_not_two(alice):
+    conversation = conversation_of(alice, "Tell me about the zeppelin", "Tell me about the zeppelin", "It flew.")
+    conversation_of(alice, "Airships", "A zeppelin is an airship, a zeppelin indeed, zeppelin zeppelin.")
+    hits = conversation_search(user=alice, text="zeppelin")
+    assert [h.message_id for h in hits if h.conversation_id == conversation.pk] == [
+        conversation.messages.first().pk]
+    assert len(hits) == 2
+
+
 def test_a_user_finds_only_their_own_conversations(alice, bob):
     mine = conversation_of(alice, "Mine", "the zeppelin over the city")
     theirs = conversation_of(bob, "Zeppelin notes", "my zeppelin diary")

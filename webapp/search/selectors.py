@@ -28,5 +28,21 @@ def conversation_search(*, user, text: str, limit: int = MAX_RESULTS) -> list[Se
         hits = sqlite_fts.search(connection, user_id=user.pk, tokens=tokens, limit=limit)
     else:
         raise NotImplementedError(f"no full-text search for the {connection.vendor} database")
-    hits.sort(key=lambda hit: -hit.score)
-    return hits[:limit]
+    return _merge_titles(hits)[:limit]
+
+
+def _merge_titles(hits: list[SearchHit]) -> list[SearchHit]:
+    """Best first, one title hit fewer for each conversation that also has message hits (a chat's title is
+    usually its first message): the title's score lifts that conversation's best message hit instead."""
+    titles = {hit.conversation_id: hit for hit in hits if hit.message_id is None}
+    merged = [hit for hit in hits if hit.message_id is not None]
+    best: dict[int, SearchHit] = {}
+    for hit in merged:
+        if hit.conversation_id not in best or hit.score > best[hit.conversation_id].score:
+            best[hit.conversation_id] = hit
+    for conversation_id, title in titles.items():
+        if conversation_id in best:
+            best[conversation_id].score = max(best[conversation_id].score, title.score)
+        else:
+            merged.append(title)
+    return sorted(merged, key=lambda hit: -hit.score)
