@@ -109,6 +109,7 @@
     const footer = document.createElement("div");
     footer.className = "footer";
     el.appendChild(footer);
+    if (m.siblings && m.siblings.length > 1) footer.appendChild(branchNav(m));
     if (m.role === "user") {
       body.textContent = m.content;
       const edit = document.createElement("button");
@@ -122,10 +123,52 @@
       footer.appendChild(meta);
       const again = document.createElement("button");
       again.type = "button"; again.className = "link regenerate"; again.textContent = "Regenerate";
-      again.addEventListener("click", () => send({ type: "regenerate", conversation: conversationId }));
+      again.addEventListener("click", () => send({ type: "regenerate", conversation: conversationId, message: m.id }));
       footer.appendChild(again);
     }
     return el;
+  }
+
+  // "‹ 2/3 ›": the versions of a message (edits, answers again); moving shows that version's branch.
+  function branchNav(m) {
+    const nav = document.createElement("span");
+    nav.className = "branches"; nav.setAttribute("role", "group");
+    nav.setAttribute("aria-label", `Version ${m.index} of ${m.siblings.length}`);
+    const step = (delta, label, text) => {
+      const b = document.createElement("button");
+      b.type = "button"; b.className = "link branch-" + (delta < 0 ? "prev" : "next"); b.textContent = text;
+      b.setAttribute("aria-label", label);
+      const target = m.siblings[m.index - 1 + delta];
+      b.disabled = target === undefined;
+      b.addEventListener("click", () => switchTo(target));
+      return b;
+    };
+    const count = document.createElement("span");
+    count.className = "branch-count"; count.textContent = `${m.index}/${m.siblings.length}`;
+    nav.append(step(-1, "Previous version", "‹"), count, step(1, "Next version", "›"));
+    return nav;
+  }
+
+  function switchTo(messageId) {
+    if (messageId === undefined || streaming || !socket || socket.readyState !== WebSocket.OPEN) return;
+    socket.send(JSON.stringify({ type: "switch", conversation: conversationId, message: messageId }));
+  }
+
+  function renderPath(messages) {
+    messagesEl.querySelectorAll(".message, .error-banner").forEach((e) => e.remove());
+    messages.forEach((m) => messagesEl.appendChild(messageEl(m)));
+    refreshEmptyState();
+  }
+
+  function onPath(msg) {
+    if (msg.conversation !== conversationId) return;
+    const focused = document.activeElement && document.activeElement.closest(".message");
+    const at = focused ? [...messagesEl.querySelectorAll(".message")].indexOf(focused) : -1;
+    const cls = document.activeElement && document.activeElement.classList.contains("branch-prev") ? ".branch-prev" : ".branch-next";
+    keepScroll(() => renderPath(msg.messages));
+    // Keyboard users stay on the control they used.
+    const again = at >= 0 && messagesEl.querySelectorAll(".message")[at];
+    if (again && again.querySelector(cls)) again.querySelector(cls).focus();
   }
 
   function refreshEmptyState() {
@@ -181,11 +224,8 @@
     }
     markRunning(conversationId, true);
     document.querySelectorAll(".error-banner").forEach((e) => e.remove());
-    const um = msg.user_message;
-    let userEl = messagesEl.querySelector(`.message[data-id="${um.id}"]`);
-    // Everything after the (new, edited or repeated) user message is replaced by the answer.
-    if (userEl) { while (userEl.nextElementSibling) userEl.nextElementSibling.remove(); userEl.replaceWith(userEl = messageEl(um)); }
-    else { userEl = messageEl(um); messagesEl.appendChild(userEl); }
+    // The path up to the (new, edited or repeated) question; the answer follows it.
+    renderPath(msg.path);
     const el = messageEl({ role: "assistant", content: "", model: msg.model });
     el.classList.add(text ? "streaming" : "waiting");
     if (!text) el.querySelector(".body").innerHTML = '<span class="typing" aria-label="Waiting for the first token"><i></i><i></i><i></i></span>';
@@ -281,7 +321,7 @@
     });
     socket.addEventListener("message", (event) => {
       const msg = JSON.parse(event.data);
-      ({ start: onStart, resume: onResume, idle: onIdle, delta: onDelta, done: onDone, error: onError }[msg.type]
+      ({ start: onStart, resume: onResume, idle: onIdle, path: onPath, delta: onDelta, done: onDone, error: onError }[msg.type]
         || (() => {}))(msg);
     });
     socket.addEventListener("close", (event) => {
@@ -305,7 +345,9 @@
     event.preventDefault();
     const content = promptEl.value;
     if (!content.trim() || streaming) return;
-    if (send({ type: "send", conversation: conversationId, content })) promptEl.value = "";
+    const shown = messagesEl.querySelectorAll(".message[data-id]");
+    const parent = shown.length ? Number(shown[shown.length - 1].dataset.id) : null;  // continue the branch shown
+    if (send({ type: "send", conversation: conversationId, parent, content })) promptEl.value = "";
   });
   promptEl.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

@@ -24,15 +24,15 @@ def chat_site(embedded_site):
     return embedded_site
 
 
-def logged_in_page(browser, site):
+def logged_in_page(browser, site, username: str = USERNAME, password: str = PASSWORD):
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.add_init_script(CSP_LISTENER)
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
     page.goto(f"{site.url}/")
-    page.fill("#id_username", USERNAME)
-    page.fill("#id_password", PASSWORD)
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{site.url}/")
     expect(page.locator("#connection")).to_have_text("connected")

@@ -142,24 +142,62 @@ def test_a_first_message_creates_a_conversation_titled_after_it(alice, smol):
         ("user", "What is   a pagoda?\nExplain.")]
 
 
-def test_editing_an_earlier_message_drops_what_followed_it(alice, smol, smollm2_hf_tokenizer):
+def test_editing_an_earlier_message_adds_a_version_and_keeps_what_followed_the_original(
+        alice, smol, smollm2_hf_tokenizer):
+    from webapp.chat.selectors import message_path
+
     conversation = conversation_of(alice, ("user", "one"), ("assistant", "1"), ("user", "two"), ("assistant", "2"))
     first = conversation.messages.first()
 
     turn = prepare(alice, type="edit", conversation=conversation.pk, message=first.pk, content="uno")
 
-    assert list(conversation.messages.values_list("role", "content")) == [("user", "uno")]
-    assert turn.user_message.pk == first.pk
+    assert list(conversation.messages.values_list("role", "content")) == [
+        ("user", "one"), ("assistant", "1"), ("user", "two"), ("assistant", "2"), ("user", "uno")]
+    assert turn.user_message.parent is None and turn.user_message.pk != first.pk
     assert turn.prompt_token_ids == apply_chat_template(smollm2_hf_tokenizer, [{"role": "user", "content": "uno"}])
+    conversation.refresh_from_db()
+    assert [m.content for m in message_path(conversation=conversation)] == ["uno"]
 
 
-def test_regenerate_drops_the_last_answer(alice, smol):
+def test_regenerate_answers_the_last_question_again_beside_the_first_answer(alice, smol):
+    from webapp.chat.selectors import message_path_dicts
+
     conversation = conversation_of(alice, ("user", "one"), ("assistant", "1"), ("user", "two"), ("assistant", "2"))
 
     turn = prepare(alice, type="regenerate", conversation=conversation.pk)
+    turn_finish(turn=turn, outcome=finished_outcome("2 again"))
 
-    assert list(conversation.messages.values_list("content", flat=True)) == ["one", "1", "two"]
+    assert list(conversation.messages.values_list("content", flat=True)) == ["one", "1", "two", "2", "2 again"]
     assert turn.user_message.content == "two"
+    conversation.refresh_from_db()
+    shown = message_path_dicts(conversation=conversation)
+    assert [(m["content"], m["index"], len(m["siblings"])) for m in shown] == [
+        ("one", 1, 1), ("1", 1, 1), ("two", 1, 1), ("2 again", 2, 2)]
+
+
+def test_the_next_turn_continues_from_the_branch_shown(alice, smol, smollm2_hf_tokenizer):
+    from webapp.chat.services import conversation_switch
+
+    conversation = conversation_of(alice, ("user", "one"), ("assistant", "1"))
+    first_question, first_answer = conversation.messages.all()
+    edited = prepare(alice, type="edit", conversation=conversation.pk, message=first_question.pk, content="uno")
+    turn_finish(turn=edited, outcome=finished_outcome("I"))
+    conversation.refresh_from_db()
+    assert [m.content for m in conversation_switch(conversation=conversation, message_id=first_question.pk)] == [
+        "one", "1"]
+
+    turn = prepare(alice, type="send", conversation=conversation.pk, content="two")
+
+    assert turn.user_message.parent_id == first_answer.pk
+    assert turn.prompt_token_ids == apply_chat_template(smollm2_hf_tokenizer, [
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "1"}, {"role": "user", "content": "two"}])
+
+
+def finished_outcome(text: str) -> Outcome:
+    outcome = Outcome()
+    outcome.add(Chunk("r", text, [1, 2], None, True, "stop", num_prompt_tokens=3, num_output_tokens=2,
+                      num_cached_tokens=0, time_to_first_token=0.01))
+    return outcome
 
 
 @pytest.mark.parametrize("data, param", [

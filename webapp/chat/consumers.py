@@ -2,7 +2,8 @@
 
 Page -> server: {"type": "send"|"regenerate"|"edit", "conversation", "message", "content", "model",
                  "system_prompt", "temperature", "top_p", "max_tokens"}, {"type": "stop", "conversation"}
-                 and {"type": "attach", "conversation"}.
+                 {"type": "attach", "conversation"} and {"type": "switch", "conversation", "message"}
+                 (show another version of a message; answered with {"type": "path", "messages"}).
 Server -> page: {"type": "start", ...}, {"type": "resume", ..., "text"} (an answer already running:
                  the text so far), {"type": "idle", "conversation"} (none is), {"type": "delta", "text"},
                  {"type": "done", "message", "usage", "tokens_per_s", "prefix_cache_hit", "finish_reason"},
@@ -36,9 +37,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from webapp.chat import generations
-from webapp.chat.selectors import message_to_dict
+from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
-                                  turn_prepare)
+                                  conversation_switch, turn_prepare)
 from webapp.config.shutdown import shutting_down
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
@@ -168,6 +169,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             elif self.outbox not in running.listeners:
                 generations.attach(running, self.outbox)
             return
+        if kind == "switch":
+            await self._switch(conversation_id, content.get("message"), running)
+            return
         if shutting_down():
             self.emit({"type": "error", "code": "server_shutting_down",
                        "message": "The server is restarting; send this again in a moment."})
@@ -185,7 +189,29 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         finally:
             generations.unclaim(claim)
+        path = await database_sync_to_async(message_path_dicts)(conversation=turn.conversation,
+                                                                leaf=turn.user_message)
         start_frame = {"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
                        "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
-                       "user_message": message_to_dict(turn.user_message)}
+                       "user_message": message_to_dict(turn.user_message), "path": path}
         generations.start(turn=turn, start_frame=start_frame, outbox=self.outbox)
+
+    async def _switch(self, conversation_id, message_id, running) -> None:
+        """Show another version of a message: {"type": "path", "messages"} with the path through it."""
+        if running is not None:
+            self.emit({"type": "error", "code": "busy", "param": "message",
+                       "message": "An answer is still being written in this conversation; stop it first."})
+            return
+
+        def switch():
+            conversation = conversation_get(user=self.user, conversation_id=conversation_id)
+            if conversation is None or conversation_switch(conversation=conversation, message_id=message_id) is None:
+                return None
+            return message_path_dicts(conversation=conversation)
+
+        messages = await database_sync_to_async(switch)()
+        if messages is None:
+            self.emit({"type": "error", "code": "not_found", "param": "message",
+                       "message": "This message is not in the conversation."})
+            return
+        self.emit({"type": "path", "conversation": int(conversation_id), "messages": messages})

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from webapp.chat.selectors import message_to_dict
+from webapp.chat.selectors import Tree
 from webapp.chat.services import Turn, turn_finish
 from webapp.config.shutdown import track
 from webapp.usage.outcome import Outcome
@@ -181,12 +181,17 @@ async def _run(generation: Generation) -> None:
     ended = time.monotonic()
     try:
         # Shielded: a second cancel (stop, then the drain) must not lose the saved answer.
-        message = await asyncio.shield(database_sync_to_async(turn_finish)(turn=turn, outcome=outcome,
-                                                                           aborted=aborted))
+        message = await asyncio.shield(database_sync_to_async(_finish)(turn, outcome, aborted))
     finally:
         if _running.get(generation.conversation_id) is generation:
             del _running[generation.conversation_id]  # stored: a page loaded from now on shows it
     generation.broadcast(_last_frame(turn, outcome, message, aborted, first_at, first_tokens, ended))
+
+
+def _finish(turn: Turn, outcome: Outcome, aborted: bool) -> dict | None:
+    """Store the answer; the page's view of it, with its siblings (the earlier answers to the question)."""
+    message = turn_finish(turn=turn, outcome=outcome, aborted=aborted)
+    return Tree(turn.conversation).to_dict(message) if message is not None else None
 
 
 def _last_frame(turn: Turn, outcome: Outcome, message, aborted: bool, first_at, first_tokens: int,
@@ -202,7 +207,7 @@ def _last_frame(turn: Turn, outcome: Outcome, message, aborted: bool, first_at, 
     return {
         "type": "done", "conversation": {"id": turn.conversation.pk},
         "finish_reason": "abort" if aborted else outcome.finish_reason,
-        "message": message_to_dict(message) if message else None,
+        "message": message,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": outcome.num_output_tokens,
                   "cached_prompt_tokens": outcome.num_cached_tokens},
         "tokens_per_s": tokens_per_s, "time_to_first_token": outcome.time_to_first_token,

@@ -1,4 +1,9 @@
-"""Conversations of the chat page, saved per user."""
+"""Conversations of the chat page, saved per user.
+
+A conversation is a tree of messages: editing a message or answering it again adds a sibling
+(same parent), nothing is deleted. The page shows one path, from a root to ``current_leaf``;
+the next turn continues from the end of the path shown.
+"""
 
 from django.conf import settings
 from django.db import models
@@ -10,6 +15,8 @@ class Conversation(models.Model):
     # The last settings used, so that reopening a conversation restores them.
     model_name = models.CharField(max_length=64, blank=True)
     system_prompt = models.TextField(blank=True)
+    # The end of the path the page shows; None: the newest message.
+    current_leaf = models.ForeignKey("Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -27,6 +34,8 @@ class Message(models.Model):
         ASSISTANT = "assistant"
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # The message this one follows; None for a first message (and its edited versions).
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     model_name = models.CharField(max_length=64, blank=True)  # which model answered (assistant messages)
@@ -41,3 +50,10 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
+
+    def save(self, *args, **kwargs):
+        # A new message saved without a parent follows the conversation's newest message, unless it
+        # is marked ``root`` (a first message, or an edited version of one).
+        if self._state.adding and self.parent_id is None and not getattr(self, "root", False):
+            self.parent = Message.objects.filter(conversation_id=self.conversation_id).order_by("-id").first()
+        super().save(*args, **kwargs)

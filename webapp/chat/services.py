@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from webapp.chat.models import Conversation, Message
-from webapp.chat.selectors import conversation_get
+from webapp.chat.selectors import Tree, conversation_get
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ChatLimits
@@ -115,39 +115,67 @@ def _text(data: dict, name: str, max_chars: int | None = None) -> str:
     return value
 
 
+def _user_message(conversation: Conversation, content: str, parent: Message | None) -> Message:
+    message = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=parent)
+    message.root = parent is None
+    message.save()
+    return message
+
+
 def _apply_action(*, user, action: str, data: dict, max_chars: int) -> tuple[Conversation, Message]:
-    """Write the turn's user side: a new message, an edited one, or the last one again."""
+    """Write the turn's user side: a new message at the end of the shown path, an edited version of
+    one (a sibling: the original and what followed it stay), or an earlier message answered again."""
     conversation_id = data.get("conversation")
     conversation = conversation_get(user=user, conversation_id=conversation_id) if conversation_id else None
     if conversation_id and conversation is None:
         raise ChatInputError("not_found", "This conversation no longer exists.", "conversation")
+    tree = Tree(conversation) if conversation is not None else None
     if action == "send":
         content = _text(data, "content", max_chars)
         if not content.strip():
             raise ChatInputError("invalid_parameter", "Type a message first.", "content")
         if conversation is None:
             conversation = conversation_create(user=user, title=" ".join(content.split())[:TITLE_LENGTH])
-        return conversation, Message.objects.create(conversation=conversation, role=Message.Role.USER,
-                                                    content=content)
+            return conversation, _user_message(conversation, content, None)
+        parent = tree.by_id.get(_id(data.get("parent"))) if data.get("parent") is not None else tree.leaf()
+        if data.get("parent") is not None and parent is None:
+            raise ChatInputError("invalid_parameter", "The message to continue from is not in this conversation.",
+                                 "parent")
+        return conversation, _user_message(conversation, content, parent)
     if conversation is None:
         raise ChatInputError("invalid_parameter", f"{action} needs a conversation", "conversation")
+    message = tree.by_id.get(_id(data.get("message")))
     if action == "regenerate":
-        user_message = conversation.messages.filter(role=Message.Role.USER).last()
-        if user_message is None:
-            raise ChatInputError("invalid_parameter", "There is no message to answer again.", "conversation")
-    else:
-        user_message = conversation.messages.filter(role=Message.Role.USER, pk=data.get("message")).first() \
-            if str(data.get("message", "")).isdigit() else None
-        if user_message is None:
-            raise ChatInputError("invalid_parameter", "Only your own messages can be edited.", "message")
-        content = _text(data, "content", max_chars)
-        if not content.strip():
-            raise ChatInputError("invalid_parameter", "A message cannot be empty.", "content")
-        user_message.content = content
-        user_message.save(update_fields=["content"])
-    # Everything after the message is replaced by the new answer.
-    conversation.messages.filter(pk__gt=user_message.pk).delete()
-    return conversation, user_message
+        if message is None and data.get("message") is None:  # the last question on the shown path
+            message = next((m for m in reversed(tree.path_to(tree.leaf())) if m.role == Message.Role.USER), None)
+        elif message is not None and message.role == Message.Role.ASSISTANT:
+            message = tree.by_id.get(message.parent_id)  # the answer's question, answered again
+        if message is None or message.role != Message.Role.USER:
+            raise ChatInputError("invalid_parameter", "There is no message to answer again.", "message")
+        return conversation, message
+    if message is None or message.role != Message.Role.USER:
+        raise ChatInputError("invalid_parameter", "Only your own messages can be edited.", "message")
+    content = _text(data, "content", max_chars)
+    if not content.strip():
+        raise ChatInputError("invalid_parameter", "A message cannot be empty.", "content")
+    return conversation, _user_message(conversation, content, tree.by_id.get(message.parent_id))
+
+
+def _id(value) -> int | None:
+    return int(value) if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else None
+
+
+def conversation_switch(*, conversation: Conversation, message_id) -> list[Message] | None:
+    """Show another version of a message: the path now runs through it and down its newest
+    continuation. None if the message is not in the conversation."""
+    tree = Tree(conversation)
+    message = tree.by_id.get(_id(message_id))
+    if message is None:
+        return None
+    leaf = tree.newest_leaf_under(message)
+    Conversation.objects.filter(pk=conversation.pk).update(current_leaf=leaf)
+    conversation.current_leaf = leaf
+    return tree.path_to(leaf)
 
 
 # The limit store (Redis) unreachable: the turn is refused as the API refuses a request (503
@@ -189,9 +217,11 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation, user_message = _apply_action(user=user, action=action, data=data,
                                                        max_chars=limits.max_message_chars)
             conversation.model_name, conversation.system_prompt = slug, system_prompt
-            conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
+            conversation.current_leaf = user_message
+            conversation.save(update_fields=["model_name", "system_prompt", "current_leaf", "updated_at"])
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-            history += [{"role": m.role, "content": m.content} for m in conversation.messages.all()]
+            # The prompt is the path shown, up to the message answered: other branches stay out of it.
+            history += [{"role": m.role, "content": m.content} for m in Tree(conversation).path_to(user_message)]
             try:
                 # The same rendering every turn, so a conversation's earlier turns are a prefix of the
                 # next prompt and the engine's prefix cache serves them.
@@ -229,11 +259,13 @@ def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Messa
                 return None
             finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
                 record.status, record.finish_reason)
-            return Message.objects.create(
-                conversation=turn.conversation, role=Message.Role.ASSISTANT, content=outcome.text,
-                model_name=turn.model.slug, prompt_tokens=record.prompt_tokens,
+            answer = Message.objects.create(
+                conversation=turn.conversation, parent=turn.user_message, role=Message.Role.ASSISTANT,
+                content=outcome.text, model_name=turn.model.slug, prompt_tokens=record.prompt_tokens,
                 completion_tokens=record.completion_tokens, cached_prompt_tokens=record.cached_prompt_tokens,
                 finish_reason=finish_reason)
+            Conversation.objects.filter(pk=turn.conversation.pk).update(current_leaf=answer)
+            return answer
     finally:
         if turn.limits is not None:
             tokens = record.prompt_tokens + record.completion_tokens if record is not None else 0

@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.chat.generations import running_conversation_ids
-from webapp.chat.selectors import conversation_get, conversation_list, message_list, message_to_dict
+from webapp.chat.selectors import conversation_get, conversation_list, message_path_dicts
 from webapp.chat.services import conversation_delete, conversation_rename
 from webapp.keys.selectors import chatlimits_allowed_slugs
 from webapp.keys.services import chatlimits_get_or_create
@@ -30,7 +30,7 @@ def chat_page(request, conversation_id: int | None = None):
     running = running_conversation_ids(user=request.user)  # answers still being written, in this process
     state = {
         "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
-        "messages": [message_to_dict(m) for m in message_list(conversation=conversation)] if conversation else [],
+        "messages": message_path_dicts(conversation=conversation) if conversation else [],
         "models": models,
         "model": conversation.model_name if conversation and conversation.model_name in models
         else (models[0] if models else ""),
