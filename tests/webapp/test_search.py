@@ -156,6 +156,16 @@ def test_search_needs_a_login(alice):
 
 
 @pytest.mark.sqlite
+def test_this_pythons_sqlite_has_fts5_and_the_index_tables_exist():
+    from webapp.search.sqlite_fts import fts5_missing_reason
+
+    assert fts5_missing_reason(connection) is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%USING fts5%'")
+        assert {row[0] for row in cursor.fetchall()} == {"search_message_fts", "search_conversation_fts"}
+
+
+@pytest.mark.sqlite
 @pytest.mark.django_db(transaction=True)
 def test_sqlite_index_is_repaired_after_a_migration_rebuilds_the_chat_table(alice):
     """SQLite's ALTER path (copy the table, drop the old one) drops its triggers; post_migrate heals."""

@@ -28,6 +28,18 @@ def _triggers(fts: str, table: str, column: str) -> dict[str, str]:
     }
 
 
+def fts5_missing_reason(connection) -> str | None:
+    """None when this SQLite has FTS5; else why search cannot be installed."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA compile_options")
+        if any(row[0] == "ENABLE_FTS5" for row in cursor.fetchall()):
+            return None
+        cursor.execute("SELECT sqlite_version()")
+        version = cursor.fetchone()[0]
+    return (f"this Python's SQLite ({version}) was built without FTS5, which conversation search needs: "
+            "use a Python whose sqlite3 has it (python.org and Debian builds do) or PostgreSQL (DATABASE_URL)")
+
+
 def create_statements() -> list[str]:
     statements = []
     for fts, table, column in INDEXES:

@@ -23,6 +23,8 @@ class VendorRunSQL(migrations.RunSQL):
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == self.vendor:
+            if self.vendor == "sqlite" and (reason := sqlite_fts.fts5_missing_reason(schema_editor.connection)):
+                raise RuntimeError(reason)
             super().database_forwards(app_label, schema_editor, from_state, to_state)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
