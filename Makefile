@@ -5,6 +5,8 @@
 #               then the database tests (POSTGRES_TESTS) again on a throwaway PostgreSQL server
 #   make test-postgres  only that second run (needs initdb/pg_ctl/postgres on PATH: Debian's postgresql-15)
 #   make test-fast  the same without tests marked slow (servers, browsers, real model): the edit-run loop
+#   make stack  distributed mode on this machine (PostgreSQL, Redis, 2 Daphne, 2 engine workers, Celery
+#               worker and beat under honcho): see deploy/stack/launch.py; Ctrl-C stops it
 
 PYTHON ?= $(shell command -v python3.11 || echo python3)
 VENV := .venv
@@ -25,8 +27,17 @@ PYTEST_ARGS ?=
 # Run a second time with DATABASE_URL on a PostgreSQL server started (and removed) for the run.
 POSTGRES_TESTS ?= tests/webapp
 BENCH_ARGS ?=
+# make stack: the folder of its PostgreSQL cluster (kept between runs; delete it for a fresh one),
+# pid files and secret key; its ports; the model both engine workers serve. The admin comes from
+# PAGODA_ADMIN_USER / PAGODA_ADMIN_PASSWORD (deploy/bootstrap.sh), else a random password is printed.
+STACK_DIR ?= /tmp/pagoda-stack
+STACK_PG_PORT ?= 5433
+STACK_REDIS_PORT ?= 6380
+STACK_WEB_PORTS ?= 8001,8002
+STACK_MODEL ?= smollm2
+STACK_ARGS ?=
 
-.PHONY: venv system-deps test test-postgres test-fast run dev bench lint-imports clean
+.PHONY: venv system-deps test test-postgres test-fast stack run dev bench lint-imports clean
 
 venv: $(STAMP)
 
@@ -82,6 +93,10 @@ run: venv
 # development settings' secret key is public: never let anyone else reach this server.
 dev: export DJANGO_SETTINGS_MODULE = webapp.config.settings.local
 dev: run
+
+stack: venv
+	$(PY) -m deploy.stack.launch --dir $(STACK_DIR) --pg-port $(STACK_PG_PORT) --redis-port $(STACK_REDIS_PORT) \
+		--web-ports $(STACK_WEB_PORTS) --model $(STACK_MODEL) $(STACK_ARGS)
 
 bench: venv
 	$(PY) bench/throughput.py $(BENCH_ARGS)

@@ -13,7 +13,8 @@ Used three ways:
   removed, whatever CMD did (its exit status is returned). ``make test`` runs the database tests
   this way.
 - ``python -m deploy.stack.postgres serve --root DIR --port N``: the server in the foreground
-  (initialised on first use), for a process manager (``make stack``'s Procfile).
+  (initialised and its database created on first use), for a process manager (``make stack``'s
+  Procfile); SIGINT is its fast shutdown.
 - ``PostgresServer(root).start()`` / ``.stop()`` from Python (tests/postgres.py, the launcher).
 """
 
@@ -109,6 +110,9 @@ class PostgresServer:
         if self.owner is not None:
             for path in (self.root, self.socket_dir, *([self.data_dir] if self.data_dir.exists() else [])):
                 os.chown(path, self.owner.pw_uid, self.owner.pw_gid)
+            if subprocess.run(self._as_owner(["test", "-w", str(self.root)])).returncode != 0:
+                raise RuntimeError(f"the {self.owner.pw_name!r} account, which runs PostgreSQL for root, cannot "
+                                   f"write {self.root}: choose a folder whose parents it can enter (under /tmp)")
         if (self.data_dir / "PG_VERSION").exists():
             return
         self._run([_binary("initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=trust",
@@ -130,21 +134,12 @@ class PostgresServer:
         if (self.data_dir / "postmaster.pid").exists():
             self._run([_binary("pg_ctl"), "stop", "-D", str(self.data_dir), "-m", "fast", "-w"], "pg_ctl stop")
 
-    def wait_ready(self, timeout: float = START_TIMEOUT_S, proc: subprocess.Popen | None = None) -> None:
-        import psycopg
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                psycopg.connect(self._dsn("postgres"), connect_timeout=2).close()
-                return
-            except psycopg.OperationalError:
-                if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-                    raise RuntimeError(f"PostgreSQL on port {self.port} did not come up:\n{self.log_tail()}")
-                time.sleep(0.1)
-
     def _dsn(self, database: str) -> str:
         return f"host=127.0.0.1 port={self.port} user={self.user} dbname={database}"
+
+    @property
+    def _created_marker(self):
+        return self.root / f"{self.database}.created"
 
     def create_database(self) -> None:
         import psycopg
@@ -152,24 +147,19 @@ class PostgresServer:
         with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
             if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone():
                 conn.execute(f'CREATE DATABASE "{self.database}"')
+        self._created_marker.touch()
 
-    def serve(self) -> int:
-        """Run the server in the foreground until SIGTERM or SIGINT (both: a fast shutdown)."""
+    def serve(self) -> None:
+        """Become the server, in the foreground (exec: this process's pid is the postmaster's).
+
+        SIGINT stops it fast (what ``make stack`` sends); SIGTERM waits for clients to leave."""
         self.init()
-        proc = subprocess.Popen(self._as_owner([_binary("postgres"), "-D", str(self.data_dir),
-                                                *self.server_options()]))
-        stop = lambda signum, frame: proc.send_signal(signal.SIGINT)  # noqa: E731 - fast shutdown
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        try:
-            self.wait_ready(proc=proc)
-            self.create_database()
-            print(f"PostgreSQL ready: {self.url}", flush=True)
-        except BaseException:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
-            raise
-        return proc.wait()
+        if not self._created_marker.exists():
+            self.start()
+            self.stop()
+        argv = self._as_owner([_binary("postgres"), "-D", str(self.data_dir), *self.server_options()])
+        print(f"PostgreSQL serving {self.url}", flush=True)
+        os.execvp(argv[0], argv)
 
 
 def run_with_server(command: list[str], keep: bool = False) -> int:
@@ -205,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", required=True, type=int)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return PostgresServer(args.root, args.port).serve()
+        PostgresServer(args.root, args.port).serve()
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         parser.error("run: give the command after --")
