@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir.resolve()
     for folder in ("redis", "run", "data"):
         (root / folder).mkdir(parents=True, exist_ok=True)
+    for stale in (root / "run").rglob("*.pid"):  # left by a stack that was killed outright
+        stale.unlink()
     server = PostgresServer(root / "postgres", args.pg_port)
     env = stack_environment(args, server)
     env["PYTHON"] = sys.executable  # deploy/bootstrap.sh's interpreter
