@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent import futures
 
 from django.conf import settings
@@ -35,8 +36,10 @@ from webapp.config.shutdown import shutting_down
 from webapp.keys.selectors import apikey_allows_model
 from webapp.registry.selectors import modelversion_get_active
 from workers.connect import get_engine_client
+from workers.protocol import HEARTBEAT_INTERVAL_S
 
 logger = logging.getLogger(__name__)
+OWN_WINDOW_S = 3 * HEARTBEAT_INTERVAL_S  # how stale a worker's announced counts may be
 
 
 def batch_claim(*, batch_id: int, runner_id: str, force: bool = False) -> bool:
@@ -91,6 +94,7 @@ class Runner:
         self.in_flight: dict[futures.Future, execution.Running] = {}
         self.not_before: dict[int, float] = {}  # line pk -> monotonic time of its next try
         self.last_beat = 0.0
+        self.own: deque[tuple[float, int]] = deque()  # (monotonic time, lines in flight)
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -129,10 +133,17 @@ class Runner:
         return Batch.objects.filter(pk=self.batch.pk).values_list("status", flat=True).first()
 
     def limit(self) -> int:
+        """How many lines may be in flight now: fewer while the workers hold others' requests. The
+        workers' counts are up to a heartbeat old, so they are compared with the most lines this
+        runner had in flight over the last OWN_WINDOW_S, not with the number now."""
         most = batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT")
+        now = time.monotonic()
+        self.own.append((now, len(self.in_flight)))
+        while self.own and self.own[0][0] < now - OWN_WINDOW_S:
+            self.own.popleft()
         workers = get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name)
         held = sum(w.stats.get("num_inflight", 0) for w in workers)
-        if held > len(self.in_flight):  # someone else's requests are running: leave them the steps
+        if held > max(n for _, n in self.own):  # someone else's requests are running: leave them the steps
             return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY"))
         return most
 

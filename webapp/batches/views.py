@@ -54,7 +54,11 @@ class FileRetrieveApi(OpenAIApiView):
 
 
 class FileContentApi(OpenAIApiView):
-    """GET v1/files/<file_id>/content: the JSONL itself."""
+    """GET v1/files/<file_id>/content: the JSONL itself, whatever the client's Accept says (the
+    openai client asks for application/binary); errors are still JSON objects."""
+
+    def perform_content_negotiation(self, request, force=False):
+        return super().perform_content_negotiation(request, force=True)
 
     def get(self, request, file_id: str):
         file = selectors.file_get(owner=request.user, public_id=file_id)
