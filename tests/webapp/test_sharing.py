@@ -164,3 +164,12 @@ def test_the_chat_sidebar_offers_search_and_sharing(alice, conversation):
     assert 'type="search"' in html and 'action="/search/"' in html
     assert 'action="/shared/new"' in html and f'name="conversation" value="{conversation.pk}"' in html
     assert "search/search.js" in html
+
+
+def test_staff_can_also_set_it_in_the_admin_and_that_is_the_setting_the_site_reads(alice, conversation):
+    root = get_user_model().objects.create_superuser("admin", password="admin-pw-123")
+    admin = client_of(root)
+    assert admin.post("/admin/sharing/sharingsettings/add/", {"allow_anonymous": "on"}).status_code == 302
+    assert admin.get("/admin/sharing/sharingsettings/add/").status_code == 403  # one row only
+    link = share(client_of(alice), conversation)
+    assert Client().get(f"/s/{link.token}/").status_code == 200
