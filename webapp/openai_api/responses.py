@@ -13,6 +13,7 @@ import functools
 import json
 
 from webapp.openai_api.services import CHAT, Generation, Outcome
+from webapp.openai_api.tool_calls import ToolCallStream, apply_tool_calls, stream_choices
 from webapp.registry.tokenizers import ModelTokenizer
 from workers.protocol import Chunk
 
@@ -99,6 +100,8 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
             choices.append({"index": index, "message": {"role": "assistant", "content": sample.text},
                             "logprobs": chat_logprobs(gen.tokenizer, sample.logprobs) if gen.wants_logprobs else None,
                             "finish_reason": finish_reason(sample.finish_reason)})
+            if gen.tools is not None:  # calls in the text become message.tool_calls
+                apply_tool_calls(gen.tools, choices[-1])
         else:
             choices.append({"index": index, "text": sample.text,
                             "logprobs": (completion_logprobs(gen.tokenizer, sample.logprobs)
@@ -114,6 +117,8 @@ class StreamFormatter:
     def __init__(self, gen: Generation):
         self.gen = gen
         self.text_offsets = [0] * gen.n  # completions: characters streamed so far, per choice
+        # chat with tools: each choice's text through webapp/openai_api/tool_calls.py
+        self.tool_streams = [ToolCallStream(gen.tools) for _ in range(gen.n)] if gen.tools is not None else None
 
     def _chunk(self, choice: dict) -> bytes:
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
@@ -140,6 +145,9 @@ class StreamFormatter:
         if not text and not logprobs and reason is None:
             return b""  # a chunk that only moved the stop-string holdback
         tokenizer = self.gen.tokenizer
+        if self.tool_streams is not None:
+            return b"".join(self._chunk({"index": index, **c})
+                            for c in stream_choices(self.tool_streams[index], text, reason))
         if self.gen.endpoint == CHAT:
             choice = {"index": index, "delta": {"content": text} if text or not reason else {},
                       "logprobs": chat_logprobs(tokenizer, logprobs or []) if self.gen.wants_logprobs else None,

@@ -53,6 +53,8 @@ MAX_MESSAGES = 2048
 MAX_NAME_LENGTH = 64
 MAX_N = 16  # choices per request: each is a sequence in the engine's batch (engine allows 64)
 MAX_CONTENT_PARTS = 2048
+MAX_TOOLS = 128  # OpenAI's cap, also on an assistant message's tool calls
+MAX_TOOL_CALL_ID = 256
 OPENAI_MAX_TEMPERATURE = 2.0
 PRIORITY_LIMIT = Limit(int, -MAX_INT32 - 1, MAX_INT32)
 TOKEN_ID_LIMIT = SAMPLING_LIMITS["stop_token_ids"]  # 0 .. 2**31-1 per id
@@ -204,8 +206,10 @@ class SamplingInputSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"must be from 1 to {MAX_N}")
         return value
 
+    unsupported = UNSUPPORTED  # the chat endpoint takes tools
+
     def validate(self, attrs):
-        for name in UNSUPPORTED:
+        for name in self.unsupported:
             value = self.initial_data.get(name)
             if not (value in (None, False, [], {}) or (name == "best_of" and value == 1)):
                 raise serializers.ValidationError({name: "is not supported"})
@@ -216,14 +220,44 @@ class SamplingInputSerializer(serializers.Serializer):
         return attrs
 
 
+class ToolCallFunctionSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=MAX_NAME_LENGTH)
+    arguments = StrictCharField(allow_blank=True, trim_whitespace=False)  # JSON text, as OpenAI sends it
+
+
+class ToolCallSerializer(serializers.Serializer):
+    """A call in an assistant message of the history."""
+
+    id = StrictCharField(max_length=MAX_TOOL_CALL_ID)
+    type = serializers.ChoiceField(choices=["function"], error_messages={"invalid_choice": 'must be "function"'})
+    function = ToolCallFunctionSerializer()
+
+
 class ChatMessageSerializer(serializers.Serializer):
-    ROLES = ["system", "developer", "user", "assistant"]
+    ROLES = ["system", "developer", "user", "assistant", "tool"]
 
     role = serializers.ChoiceField(choices=ROLES, error_messages={"invalid_choice": f"must be one of {ROLES}"})
     content = MessageContentField(allow_null=True, required=False)
     name = StrictCharField(required=False, max_length=MAX_NAME_LENGTH)
+    tool_calls = ToolCallSerializer(many=True, required=False, allow_empty=False, max_length=MAX_TOOLS)
+    tool_call_id = StrictCharField(required=False, max_length=MAX_TOOL_CALL_ID)
 
     def validate(self, attrs):
-        if attrs.get("content") is None and attrs["role"] != "assistant":
+        role = attrs["role"]
+        if attrs.get("content") is None and role != "assistant":
             raise serializers.ValidationError({"content": "is required"})
+        if attrs.get("tool_calls") and role != "assistant":
+            raise serializers.ValidationError({"tool_calls": "only assistant messages carry tool calls"})
+        if role == "tool" and not attrs.get("tool_call_id"):
+            raise serializers.ValidationError({"tool_call_id": "is required in a tool message"})
         return attrs
+
+
+def check_tool_messages(messages: list[dict]) -> None:
+    """A tool message answers a call of an earlier assistant message (OpenAI's rule)."""
+    called: set[str] = set()
+    for i, message in enumerate(messages):
+        called.update(c["id"] for c in message.get("tool_calls") or [])
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            raise serializers.ValidationError({f"messages[{i}].tool_call_id": (
+                "must answer a tool call of an earlier assistant message (its id)")})

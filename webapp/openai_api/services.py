@@ -19,6 +19,7 @@ from webapp.keys.services import apikey_mark_used
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
+from webapp.openai_api.tool_calls import ToolPlan, template_messages
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
@@ -60,6 +61,7 @@ class Generation:
     end_user: str = ""  # the request's ``user``, for the usage record only
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1  # choices (samples of the prompt)
+    tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
 
     @property
     def prompt_param(self) -> str:
@@ -101,14 +103,8 @@ def _sampling_params(data: dict, max_tokens: int | None, logprobs: int | None) -
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:
-    rendered = []
-    for message in messages:
-        role = "system" if message["role"] == "developer" else message["role"]
-        entry = {"role": role, "content": message.get("content") or ""}
-        if message.get("name"):
-            entry["name"] = message["name"]
-        rendered.append(entry)
-    return rendered
+    """The messages as the chat template renders them, without tools (tokenize_views uses it)."""
+    return template_messages(messages, None)
 
 
 def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
@@ -126,7 +122,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
         logprobs = (values.get("top_logprobs") or 0) if values.get("logprobs") else None
         try:
-            prompt_ids = tokenizer.apply_chat_template(_template_messages(values["messages"]))
+            prompt_ids = tokenizer.apply_chat_template(template_messages(values["messages"], values.get("tool_plan")))
         except ChatTemplateError as exc:
             raise errors.invalid_parameter("messages", str(exc)) from exc
     else:
@@ -153,7 +149,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1)
+        n=values.get("n") or 1, tools=values.get("tool_plan"))
 
 
 def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool = False,

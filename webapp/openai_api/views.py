@@ -23,8 +23,9 @@ from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
 from webapp.openai_api.generation import generation_respond
 from webapp.openai_api.schema import openapi_document
-from webapp.openai_api.serializers import (MAX_MESSAGES, ChatMessageSerializer, PromptField,
-                                          SamplingInputSerializer, limited)
+from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
+                                          SamplingInputSerializer, check_tool_messages, limited)
+from webapp.openai_api.tool_calls import tool_plan
 from webapp.openai_api.services import (CHAT, COMPLETIONS, api_key_from_header, generation_admit,
                                         new_request_id, request_refused)
 from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
@@ -165,6 +166,7 @@ class ChatCompletionCreateApi(CompletionApiBase):
     endpoint = CHAT
 
     class InputSerializer(SamplingInputSerializer):
+        unsupported = tuple(name for name in UNSUPPORTED if name not in ("tools", "tool_choice"))
         messages = ChatMessageSerializer(many=True, allow_empty=False, max_length=MAX_MESSAGES)
         max_completion_tokens = limited("max_tokens")
         logprobs = serializers.BooleanField(required=False, allow_null=True)
@@ -174,6 +176,13 @@ class ChatCompletionCreateApi(CompletionApiBase):
             attrs = super().validate(attrs)
             if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
                 raise serializers.ValidationError({"top_logprobs": "requires logprobs to be true"})
+            check_tool_messages(attrs["messages"])
+            attrs["tool_plan"] = plan = tool_plan(self.initial_data)  # webapp/openai_api/tool_calls.py
+            if plan is not None and plan.constraint is not None:
+                if attrs["structured_outputs"] is not None:
+                    raise serializers.ValidationError({"tool_choice": (
+                        "a required or named tool call cannot be combined with response_format")})
+                attrs["structured_outputs"] = plan.constraint
             return attrs
 
 
