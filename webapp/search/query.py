@@ -80,8 +80,10 @@ class SearchHit:
 
     @property
     def url(self) -> str:
+        from django.urls import reverse
+
         anchor = f"#message-{self.message_id}" if self.message_id is not None else ""
-        return f"/c/{self.conversation_id}/{anchor}"
+        return reverse("chat:conversation", args=[self.conversation_id]) + anchor
 
     def to_dict(self) -> dict:
         return {"conversation": {"id": self.conversation_id, "title": self.conversation_title},
