@@ -53,6 +53,9 @@ class SamplingMetadata:
     # Grammar-constrained rows (engine/structured): their indices [R] long and allowed-token
     # bitmasks [R, ceil(V/32)] int32 on the device; None when no row is constrained.
     grammar_rows: torch.Tensor | None = None
+    # logit_bias: (row ids [N], token ids [N]) and the biases [N] float32 added there
+    logit_bias_index: TokenIndex | None = None
+    logit_bias_values: torch.Tensor | None = None
     grammar_bitmask: torch.Tensor | None = None
 
     @classmethod
@@ -99,7 +102,15 @@ class SamplingMetadata:
             grammar_rows = torch.tensor(rows, dtype=torch.long, device=device)
             grammar_bitmask = bitmask.to(device)
 
+        bias_index = bias_values = None
+        if any(p.logit_bias for p in params):
+            bias_index = _token_index([list(p.logit_bias or ()) for p in params], device)
+            bias_values = torch.tensor([b for p in params for b in (p.logit_bias or {}).values()],
+                                       dtype=torch.float32, device=device)
+
         return cls(
+            logit_bias_index=bias_index,
+            logit_bias_values=bias_values,
             grammar_rows=grammar_rows,
             grammar_bitmask=grammar_bitmask,
             temperature=temperature,

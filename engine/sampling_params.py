@@ -24,6 +24,8 @@ stop                 <= 16 strings,        each string's length in characters
                      each <= 1024 chars
 stop_token_ids       <= 256 ids,           each also below the model's vocabulary size
                      each 0 .. 2**31-1     (checked by the engine, which knows it)
+logit_bias           <= 1024 entries,      OpenAI's range; token ids also below the
+                     each -100 .. 100      vocabulary size (checked by the engine)
 structured_outputs   one constraint or     engine/structured/spec.py: json, json_object,
                      None                  regex, choice, grammar; refused when llguidance
                                            cannot enforce it
@@ -84,6 +86,7 @@ SAMPLING_LIMITS: dict[str, Limit] = {
     "logprobs": Limit(int, 0, MAX_LOGPROBS),
     "stop": Limit(int, 0, 1024, max_items=16),
     "stop_token_ids": Limit(int, 0, MAX_INT32, max_items=256),
+    "logit_bias": Limit(float, -100.0, 100.0, max_items=1024),  # {token id: bias}
 }
 _OPTIONAL = {"max_tokens", "seed", "logprobs"}  # None allowed
 _FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
@@ -115,6 +118,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # the output's constraint (engine/structured/spec.py); JSON-serialisable, as it crosses workers
     structured_outputs: dict | None = None
+    # token id -> added to its logit before sampling (OpenAI's logit_bias); JSON's string keys taken
+    logit_bias: dict[int, float] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
     grammar: str | None = field(init=False, repr=False, default=None)  # llguidance's, checked
 
@@ -125,6 +130,8 @@ class SamplingParams:
             raise InvalidParameterError("stop", "must be a string or a list of strings")
         if not isinstance(self.stop_token_ids, (list, tuple)) and self.stop_token_ids is not None:
             raise InvalidParameterError("stop_token_ids", "must be a list of token ids")
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()}
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
@@ -140,7 +147,9 @@ class SamplingParams:
         """
         for name, limit in SAMPLING_LIMITS.items():
             value = getattr(self, name)
-            if limit.max_items is not None:
+            if name == "logit_bias":
+                _check_bias(value, limit)
+            elif limit.max_items is not None:
                 _check_list(name, value, limit)
             elif not (value is None and name in _OPTIONAL) and not limit.allows(value):
                 raise InvalidParameterError(name, f"must be {limit.describe()}, got {_show(value)}")
@@ -184,6 +193,27 @@ def _check_list(name: str, items: object, limit: Limit) -> None:
                                                   f"characters, got {len(item)}")
         elif not limit.allows(item):
             raise InvalidParameterError(name, f"each item must be {limit.describe()}, got {_show(item)}")
+
+
+def _token_key(key: object) -> object:
+    """A logit_bias key as an int: JSON object keys arrive as strings ("50256")."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
+        return int(key)
+    return key
+
+
+def _check_bias(bias: object, limit: Limit) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise InvalidParameterError("logit_bias", "must be an object mapping token ids to biases")
+    if len(bias) > limit.max_items:
+        raise InvalidParameterError("logit_bias", f"at most {limit.max_items} entries, got {len(bias)}")
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_INT32:
+            raise InvalidParameterError("logit_bias", f"keys must be token ids (0 to {MAX_INT32}), got {_show(token)}")
+        if not limit.allows(value):
+            raise InvalidParameterError("logit_bias", f"biases must be {limit.describe()}, got {_show(value)}")
 
 
 def _show(value: object) -> str:

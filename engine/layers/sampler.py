@@ -1,7 +1,7 @@
 """Batched, vectorised next-token sampling.
 
 Order of operations on the logits [S, V]:
-suppressed ids -> penalties -> grammar bitmask -> (greedy rows: argmax) -> temperature -> top-k
+suppressed ids -> penalties -> logit_bias -> grammar bitmask -> (greedy rows: argmax) -> temperature -> top-k
 -> top-p -> min-p -> exponential-race sample. Every step is skipped when no row
 in the batch uses it, so an all-greedy batch without penalties costs one argmax.
 
@@ -46,6 +46,8 @@ class Sampler(torch.nn.Module):
             logits = logits.index_put(meta.suppress_token_index, logits.new_full((), float("-inf")))
         if not meta.no_penalties:
             logits = apply_penalties(logits, meta)
+        if meta.logit_bias_index is not None:  # out of place: the caller's logits stay as they are
+            logits = logits.index_put(meta.logit_bias_index, meta.logit_bias_values, accumulate=True)
         if meta.grammar_rows is not None:  # constrained rows only; the others are not touched
             logits = apply_bitmask(logits, meta.grammar_rows, meta.grammar_bitmask)
 
