@@ -125,6 +125,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidParameterError("stop_token_ids", f"token ids must be below the vocabulary size {vocab}")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidParameterError("logit_bias", f"token ids must be below the vocabulary size {vocab}")
         max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
         group = SampleGroup(request_id, num_live=n) if n > 1 else None
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
