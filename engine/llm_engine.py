@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.distributed.parallel_state import RankLostError
 from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
 from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
@@ -229,6 +230,8 @@ class LLMEngine:
                                               entry.seq.num_prompt_tokens - entry.start)
         try:
             sampled = self.runner.execute(sched.scheduled)
+        except RankLostError:  # tensor parallel: no step can run any more; the caller decides
+            raise
         except Exception:
             logger.exception("a step of %d sequences failed; looking for the request(s) at fault",
                              len(sched.scheduled))

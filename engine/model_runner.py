@@ -11,6 +11,8 @@ import torch
 from engine import cpu_info
 from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
 from engine.cuda_graphs import CudaGraphRunner
+from engine.distributed import parallel_state
+from engine.errors import InvalidParameterError
 from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
 from engine.layers.attention import Workspace, kv_cache_shape
@@ -55,16 +57,36 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int,
                  weights, eos_token_ids: list[int],
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, *, rank: int = 0,
+                 port: int | None = None):
         """weights: HF-named (name, tensor) pairs; None fills the model with seeded random
-        values instead (benchmarks of a shape without its checkpoint)."""
+        values instead (benchmarks of a shape without its checkpoint). With tensor_parallel_size
+        > 1 this is rank 0, which starts the other ranks (``rank``/``port``: engine/distributed)."""
         self.config = config
         self.model_config = model_config
         self.max_model_len = max_model_len
+        self.eos_token_ids = list(eos_token_ids)
         self.device = resolve_device(config.device)
+        self.tp = config.tensor_parallel_size
+        self.ranks = None  # rank 0 of a tensor-parallel engine: the other ranks (RankGroup)
+        if self.tp > 1:
+            if weights is None:
+                raise InvalidParameterError("tensor_parallel_size", "> 1 needs a checkpoint "
+                                            "(each rank loads its shard), not random weights")
+            from engine.distributed.ranks import join
+            self.device, self.ranks = join(config, model_config, max_model_len, eos_token_ids,
+                                           self.device, rank, port)
+        try:
+            self._build(weights, progress)
+        except BaseException:
+            self.shutdown()  # the other ranks stop with this one
+            raise
+
+    def _build(self, weights, progress) -> None:
+        """The model with its weights, the sampler and the KV pool."""
+        config, model_config = self.config, self.model_config
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
-        self.eos_token_ids = list(eos_token_ids)
         self.use_triton = (config.use_triton if config.use_triton is not None
                            else self.device.type == "cuda")
         with torch.device(self.device), _default_dtype(self.dtype):
@@ -95,8 +117,10 @@ class ModelRunner:
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
-        shape = kv_cache_shape(self.num_blocks, self.block_size, model_config.num_key_value_heads,
-                               model_config.head_dim)
+        if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
+            self.num_blocks = parallel_state.all_reduce_min(self.num_blocks, self.device)
+        shape = kv_cache_shape(self.num_blocks, self.block_size,
+                               model_config.num_key_value_heads // self.tp, model_config.head_dim)
         # One allocation for the whole pool: [2, layers, *kv_cache_shape].
         self.kv_pool = lazy_zeros((2, model_config.num_hidden_layers, *shape), self.dtype, self.device)
         self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])
@@ -133,7 +157,8 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return self.model_config.kv_bytes_per_token_per_byte_of_dtype * self.block_size * elem
+        return (self.model_config.kv_bytes_per_token_per_byte_of_dtype // self.tp
+                * self.block_size * elem)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -150,7 +175,7 @@ class ModelRunner:
                 self.model, self.sampler, utilization=self.config.gpu_memory_utilization,
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
                 max_num_seqs=self.config.max_num_seqs, max_model_len=self.max_model_len,
-                block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads,
+                block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads // self.tp,
                 head_dim=cfg.head_dim, num_layers=cfg.num_hidden_layers, dtype=self.dtype,
                 device=self.device, use_triton=self.use_triton)
             budget = self.memory_profile.kv_budget_bytes
@@ -167,7 +192,8 @@ class ModelRunner:
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
         """Decode graphs on CUDA unless enforce_eager; they need the Triton attention path,
         whose metadata lives on the device (the PyTorch path builds masks on the host)."""
-        if self.device.type != "cuda" or self.config.enforce_eager or not self.use_triton:
+        if (self.device.type != "cuda" or self.config.enforce_eager or not self.use_triton
+                or self.tp > 1):  # no collectives inside graphs yet
             return None
         graphs = CudaGraphRunner(self.model, self.kv_caches, self.config.max_num_seqs,
                                  -(-self.max_model_len // self.block_size), self.device)
@@ -184,20 +210,42 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+        if self.ranks is not None:  # tensor parallel: the other ranks run the same step
+            self.ranks.send_step(entries)
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
         batch.meta.workspace = self.workspace
         # Built before the forward is queued, so its host-to-device copies never wait on it.
         meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
-            hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
-        else:
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        if not batch.sampling:
-            return []
-        logits = self.model.compute_logits(hidden[batch.logits_rows])  # [S, V]
+        try:
+            if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
+                hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
+            else:
+                hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+            if not batch.sampling:
+                return []
+            logits = self.model.compute_logits(hidden[batch.logits_rows])  # [S, V]
+        except Exception as exc:
+            if self.ranks is not None:
+                self.ranks.raise_if_lost(exc)  # RankLostError when a rank is gone
+            raise
         out = self.sampler(logits, meta)
         token_ids, logprobs = self._to_host(batch.sampling, out)
         return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
+
+    @torch.inference_mode()
+    def run_shard(self, entries: list[ScheduledSequence]) -> None:
+        """A rank > 0's step: the forward and its share of the logits, which rank 0 samples."""
+        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
+        batch.meta.workspace = self.workspace
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if batch.sampling:
+            self.model.compute_logits(hidden[batch.logits_rows])
+
+    def shutdown(self) -> None:
+        """Stop a tensor-parallel engine's other ranks and leave the group (no-op otherwise)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     def _sampling_metadata(self, entries: list[ScheduledSequence]) -> SamplingMetadata:
         params = [e.seq.params for e in entries]

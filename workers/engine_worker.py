@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
+from engine.distributed.parallel_state import RankLostError
 from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
 from engine.outputs import REQUEST_FAILED, FinishReason
@@ -162,7 +163,8 @@ class EngineWorker:
             self._loop()
         finally:
             self.heartbeat.stop()
-            for clean_up in (self._give_up_inflight, self.transport.unregister, self.transport.close):
+            for clean_up in (self._give_up_inflight, self.transport.unregister, self.transport.close,
+                             self.engine.runner.shutdown):  # tensor parallel: stop the other ranks
                 try:
                     clean_up()
                 except Exception:
@@ -356,6 +358,12 @@ class EngineWorker:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except RankLostError as exc:  # tensor parallel: the worker is gone to the rest of Pagoda
+            logger.error("worker %s: %s; failing its requests with worker_lost and stopping",
+                         self.worker_id, exc)
+            self.request_stop(immediate=True)
+            self._fail_inflight(ErrorInfo(WORKER_LOST, str(exc)))
+            return
         except Exception:
             logger.exception("engine step failed; failing the %d running requests", len(self._inflight))
             self._fail_inflight(ErrorInfo(INTERNAL_ERROR, REQUEST_FAILED))

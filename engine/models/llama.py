@@ -12,10 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.distributed import parallel_state
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import LMHead, Linear, MergedLinear, QKVLinear
+from engine.layers.parallel import ColumnSplit, RowSplit, VocabParallelEmbedding, VocabSplit
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.model_config import ModelConfig
 
@@ -24,12 +26,17 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        # Tensor parallel: this rank's heads (engine/layers/parallel.py); size 1: all of them.
+        self.tp_size, rank = parallel_state.size(), parallel_state.rank()
+        self.num_heads = cfg.num_attention_heads // self.tp_size
+        self.num_kv_heads = cfg.num_key_value_heads // self.tp_size
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVLinear(cfg.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
                                   bias=cfg.attention_bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size)
+        if self.tp_size > 1:
+            self.qkv_proj.tp_split, self.o_proj.tp_split = ColumnSplit(rank, self.tp_size), RowSplit(
+                rank, self.tp_size)
         self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, use_triton)
         self.split = self.qkv_proj.output_sizes  # [q, kv, kv]
@@ -49,19 +56,25 @@ class LlamaAttention(nn.Module):
             qk = self.rotary_emb.rotate(qkv[:, :self.qk_size].view(t, -1, d), rope)  # [T, H + KVH, D]
             q, k, v = qk[:, :h], qk[:, h:], qkv[:, self.qk_size:].view(t, -1, d)
         o = self.attn(q, k, v, kv_cache, meta)  # [T, H, D]
-        return self.o_proj(o.view(t, -1))
+        out = self.o_proj(o.view(t, -1))  # [T, hidden], this rank's part when tensor parallel
+        return parallel_state.all_reduce(out) if self.tp_size > 1 else out
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
         super().__init__()
-        inter = cfg.intermediate_size
+        self.tp_size, rank = parallel_state.size(), parallel_state.rank()
+        inter = cfg.intermediate_size // self.tp_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter, inter])
         self.down_proj = Linear(inter, cfg.hidden_size)
         self.act = SiluAndMul(use_triton)
+        if self.tp_size > 1:
+            self.gate_up_proj.tp_split, self.down_proj.tp_split = ColumnSplit(
+                rank, self.tp_size), RowSplit(rank, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        out = self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden]
+        return parallel_state.all_reduce(out) if self.tp_size > 1 else out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -86,8 +99,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        size = parallel_state.size()
+        if size > 1:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
+                                                       parallel_state.rank(), size)
+        else:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.embed_tokens.weight.requires_grad_(False)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                           cfg.rope_scaling, use_triton)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, use_triton, self.rotary_emb)
@@ -116,7 +134,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg, use_triton)
         tied = self.model.embed_tokens.weight if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tied)
+        self.tp_size = parallel_state.size()
+        # Tensor parallel: this rank's vocabulary slice, its logits gathered on rank 0.
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size // self.tp_size, tied)
+        if self.tp_size > 1 and tied is None:
+            self.lm_head.tp_split = VocabSplit(parallel_state.rank(), self.tp_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
@@ -124,5 +146,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [S, hidden] -> float32 logits [S, vocab] (engine/layers/linear.LMHead)."""
+        """hidden: [S, hidden] -> float32 logits [S, vocab] (engine/layers/linear.LMHead); tensor
+        parallel: on rank 0, None on the others."""
+        if self.tp_size > 1:
+            return parallel_state.gather_vocab(self.lm_head(hidden))
         return self.lm_head(hidden)

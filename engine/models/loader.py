@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from engine.layers.linear import Linear, default_weight_loader, quantized_like
+from engine.layers.parallel import RowSplit
 from engine.quantization.int4 import check_int4_shape
 from engine.models.model_config import ModelConfig
 from engine.models.registry import checkpoint_format, resolve_model_path
@@ -70,6 +71,9 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     packed = {f".{name}.": target for name, target in getattr(model, "packed_modules_mapping", {}).items()}
     params = dict(model.named_parameters())
     missing = set(params)
+    # Tensor parallel: parameter name -> its layer, which slices each tensor (tp_split) first.
+    splits = {f"{name}.{p}" if name else p: module for name, module in model.named_modules()
+              if hasattr(module, "tp_split") for p, _ in module.named_parameters(recurse=False)}
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue
@@ -84,6 +88,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
         param = params[target]
         try:
+            if target in splits:
+                tensor = splits[target].tp_split(tensor, shard_id, splits[target])
             getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard_id)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from exc
@@ -129,10 +135,28 @@ def plan_layouts(model: nn.Module, native: dict[str, tuple], quantization: str |
             try:
                 check_int4_shape(module.out_features, module.in_features, layout[1])
             except ValueError as exc:
+                _refuse_shard_shape(name, module, layout[1], exc)
                 logger.warning("%s stays float: %s", name, exc)
                 continue
         plan[name] = layout
     return plan
+
+
+def _refuse_shard_shape(name: str, module: nn.Module, group_size: int, exc: ValueError) -> None:
+    """ValueError naming the numbers when int4 fits the whole layer but not one rank's shard."""
+    split = getattr(module, "tp_split", None)
+    if split is None:
+        return
+    whole = ((module.out_features, module.in_features * split.size) if isinstance(split, RowSplit)
+             else (module.out_features * split.size, module.in_features))
+    try:
+        check_int4_shape(*whole, group_size)
+    except ValueError:
+        return  # the whole layer does not fit either: it stays float, as without tensor parallel
+    raise ValueError(f"{name}: int4 with group size {group_size} fits the whole layer "
+                     f"{list(whole)} but not its shard [{module.out_features}, "
+                     f"{module.in_features}] on each of {split.size} tensor-parallel ranks ({exc}); "
+                     f"choose another quantization_group_size or tensor_parallel_size") from exc
 
 
 @torch.no_grad()
@@ -147,6 +171,8 @@ def apply_layouts(model: nn.Module, plan: dict[str, tuple], dtype: torch.dtype, 
         old = getattr(parent, child)
         new = quantized_like(old, layout, group_size=group_size or 32, dtype=dtype,
                              dense_rows=dense_rows)
+        if hasattr(old, "tp_split"):  # tensor parallel: the new layer slices the same way
+            new.tp_split = old.tp_split
         if keep_values:
             if old.bias is not None:
                 new.weight_loader(new.bias, old.bias.data)
