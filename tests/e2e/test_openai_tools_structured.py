@@ -98,3 +98,23 @@ def test_an_unsupported_schema_is_a_400_from_the_server(client):
         client.chat.completions.create(model="smollm2", messages=PLAIN, response_format={
             "type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "array", "uniqueItems": True}}})
     assert info.value.body["param"] == "response_format" and "uniqueItems" in info.value.body["message"]
+
+
+def test_logit_bias_min_tokens_and_stop_token_ids_reach_the_engine(client, tiny_llm):
+    from engine import SamplingParams
+
+    prompt = [9, 8, 7]
+    free = tiny_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].token_ids
+    stop = free[2]
+
+    def ids(**extra):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0, logprobs=0,
+                                        extra_body={"ignore_eos": True, **extra})
+        return out.choices[0].logprobs.tokens, out.choices[0].finish_reason  # one string per token
+
+    forced, _ = ids(logit_bias={"1234": 100})
+    assert len(forced) == 10 and len(set(forced)) == 1  # one token, ten times
+    stopped, reason = ids(stop_token_ids=[stop])
+    assert len(stopped) == free.index(stop) + 1 and reason == "stop"
+    held, _ = ids(stop_token_ids=[stop], min_tokens=6)
+    assert len(held) >= 6

@@ -66,3 +66,15 @@ def test_openai_shapes_become_the_engines_constraints():
     assert request_constraint({"response_format": {"type": "json_schema", "json_schema": {
         "name": "person", "schema": PERSON, "strict": True}}}) == {"json": PERSON}
     assert request_constraint({"structured_outputs": {"choice": ["yes", "no"]}}) == {"choice": ["yes", "no"]}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"five": 1}}, "logit_bias"),
+    ({"logit_bias": {"49152": 1}}, "logit_bias"),  # past SmolLM2's vocabulary
+    ({"logit_bias": [1]}, "logit_bias"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": list(range(257))}, "stop_token_ids"), ({"min_tokens": -1}, "min_tokens"),
+])
+def test_sampling_extras_out_of_range_are_a_400_naming_them(client, key, extra, param):
+    response = post(client, CHAT, {"model": "tiny", "messages": HELLO, **extra}, key)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["param"] == param

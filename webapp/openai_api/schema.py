@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, LimitField, MessageContentField, PromptField,
-                                          StopField, TOKEN_ID_LIMIT)
+from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, LimitField, LogitBiasField, MessageContentField,
+                                          PromptField, StopField, TOKEN_ID_LIMIT, TokenIdsField)
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"],
@@ -46,6 +46,13 @@ def field_schema(field: serializers.Field) -> dict:
         schema = object_schema(field)
     elif isinstance(field, LimitField):
         schema = _limit(field)
+    elif isinstance(field, LogitBiasField):
+        limit = field.limit
+        schema = {"type": "object", "maxProperties": limit.max_items, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                  "additionalProperties": {"type": "number", "minimum": limit.low, "maximum": limit.high}}
+    elif isinstance(field, TokenIdsField):
+        schema = {"type": "array", "maxItems": field.limit.max_items,
+                  "items": {"type": "integer", "minimum": field.limit.low, "maximum": field.limit.high}}
     elif isinstance(field, StopField):
         one = _string(field.limit.high)
         schema = {"anyOf": [one, {"type": "array", "maxItems": field.limit.max_items, "items": one}]}

@@ -20,6 +20,9 @@ repetition_penalty   (0, 10]                                engine
 presence_penalty,    -2 .. 2                                engine (= OpenAI)
 frequency_penalty
 seed                 -2**63 .. 2**64-1                      engine
+logit_bias           <= 1024 {"token id": -100 .. 100}      engine (= OpenAI), ids < vocabulary
+min_tokens           0 .. 2**31-1, <= max_tokens            engine (vLLM's extra)
+stop_token_ids       <= 256 token ids                       engine (vLLM's extra)
 stop                 a string or <= 16 strings, each        engine
                      <= 1024 characters
 logprobs (completions), top_logprobs (chat)  0 .. 20        engine
@@ -59,7 +62,7 @@ OPENAI_MAX_TEMPERATURE = 2.0
 PRIORITY_LIMIT = Limit(int, -MAX_INT32 - 1, MAX_INT32)
 TOKEN_ID_LIMIT = SAMPLING_LIMITS["stop_token_ids"]  # 0 .. 2**31-1 per id
 # OpenAI parameters we do not implement: refused when set, so that nobody silently gets less.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "best_of", "suffix",
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "best_of", "suffix",
                "echo", "audio", "modalities", "prediction", "web_search_options")
 
 
@@ -89,6 +92,53 @@ class LimitField(serializers.Field):
 def limited(name: str, **kwargs) -> LimitField:
     """The field for the engine's sampling parameter ``name``, within its published limit."""
     return LimitField(SAMPLING_LIMITS[name], **kwargs)
+
+
+class LogitBiasField(serializers.Field):
+    """OpenAI's logit_bias: {"token id": bias}, biases within the engine's range; ids below the
+    model's vocabulary are checked with its tokenizer (services), and again by the engine."""
+
+    limit = SAMPLING_LIMITS["logit_bias"]
+    default_error_messages = {
+        "invalid": "must be an object mapping token ids to biases",
+        "too_many": f"at most {limit.max_items} entries",
+        "key": f"keys must be token ids (integers from 0 to {MAX_INT32})",
+        "value": f"biases must be {limit.describe()}"}
+
+    def to_internal_value(self, data) -> dict[int, float]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        if len(data) > self.limit.max_items:
+            self.fail("too_many")
+        bias = {}
+        for key, value in data.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10
+                    and int(key) <= MAX_INT32):
+                self.fail("key")
+            if not self.limit.allows(value):
+                self.fail("value")
+            bias[int(key)] = float(value)
+        return bias
+
+    def to_representation(self, value):
+        return value
+
+
+class TokenIdsField(serializers.Field):
+    """stop_token_ids: at most 256 token ids."""
+
+    limit = SAMPLING_LIMITS["stop_token_ids"]
+    default_error_messages = {"invalid": f"must be a list of at most {limit.max_items} token ids "
+                                         f"(integers from 0 to {limit.high})"}
+
+    def to_internal_value(self, data) -> list[int]:
+        if not isinstance(data, list) or len(data) > self.limit.max_items or not all(
+                self.limit.allows(t) for t in data):
+            self.fail("invalid")
+        return data
+
+    def to_representation(self, value):
+        return value
 
 
 class StopField(serializers.Field):
@@ -200,6 +250,9 @@ class SamplingInputSerializer(serializers.Serializer):
     repetition_penalty = limited("repetition_penalty")
     ignore_eos = serializers.BooleanField(required=False, allow_null=True)
     priority = LimitField(PRIORITY_LIMIT)
+    min_tokens = limited("min_tokens")
+    stop_token_ids = TokenIdsField(required=False, allow_null=True)
+    logit_bias = LogitBiasField(required=False, allow_null=True)
 
     def validate_n(self, value):
         if value is not None and not 1 <= value <= MAX_N:

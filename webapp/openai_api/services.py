@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Request field -> SamplingParams keyword (same name unless mapped), passed on when not null.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "ignore_eos", "structured_outputs")
+                   "frequency_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
+                   "min_tokens", "stop_token_ids", "logit_bias")
 
 
 def new_request_id(endpoint: str) -> str:
@@ -130,6 +131,9 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         logprobs = values.get("logprobs")
         prompt = values["prompt"]
         prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    vocab = tokenizer.tokenizer.get_vocab_size()
+    if values.get("logit_bias") and max(values["logit_bias"]) >= vocab:
+        raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {vocab}")
     try:  # the worst case is held against the key's token rate and budget before scheduling
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
         apikey_reserve(api_key=api_key, request_id=request_id, tokens=(values.get("n") or 1) * worst_case_tokens(
