@@ -1,4 +1,4 @@
-"""python -m engine generate | chat | bench"""
+"""python -m engine generate | chat | bench | convert | estimate"""
 
 from engine.cli.main import main
 

@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 
-from engine.cli import bench, chat, convert, generate
+from engine.cli import bench, chat, convert, estimate, generate
 from engine.config import SETTINGS
 from engine.errors import EngineError
 
-COMMANDS = {"generate": generate, "chat": chat, "bench": bench, "convert": convert}
+COMMANDS = {"generate": generate, "chat": chat, "bench": bench, "convert": convert, "estimate": estimate}
 
 
 # Settings whose flag is not just --name-with-dashes: the sub-commands' own --seed is the

@@ -1,0 +1,38 @@
+"""python -m engine estimate MODEL [engine options] — the memory MODEL needs, before loading it.
+
+Reads only the checkpoint's headers (engine/estimate.py); prints weights, KV cache, checkpoint
+metadata and activation workspace per tensor-parallel rank, or all of it as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import json
+
+from engine.estimate import MiB, estimate_memory
+
+HELP = "estimate the memory a model needs with the given settings, without loading it"
+
+
+def add_args(p) -> None:
+    p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                   help="a Hugging Face directory, a .gguf file or 'smollm2' (default: --model)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="the device to estimate for (default: --device, auto meaning cpu)")
+    p.add_argument("--device-memory-gib", type=float, default=None,
+                   help="the GPU's memory, for the KV pool gpu_memory_utilization leaves")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+
+def run(args, load_llm=None) -> int:
+    from engine.cli.main import engine_kwargs
+
+    model = args.model_path or args.model
+    memory = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
+    estimate = estimate_memory(model, engine_kwargs(args), device=args.target, device_memory_bytes=memory)
+    if args.json:
+        print(json.dumps({"model": model, **estimate.as_dict()}))
+        return 0
+    print(f"{model}: {estimate.describe()}")
+    print(f"  resident with every KV block in use: {estimate.resident_bytes / MiB:.1f} MiB; "
+          f"at the largest step's peak: {estimate.total_bytes / MiB:.1f} MiB")
+    return 0
