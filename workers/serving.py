@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.errors import InvalidParameterError
+from workers.config_file import PagodaConfig, load_config
 from workers.connect import worker_transport
 from workers.engine_worker import EngineWorker
 from workers.transport import TransportUnreachable
@@ -65,6 +66,7 @@ class ModelServer:
         # or deactivating and activating again (stop(), then serve()) to retry on purpose.
         # An unreachable transport is not remembered: it is transient, and cheap to retry.
         self._failed: ServeSpec | None = None
+        self._config: PagodaConfig | None = None  # pagoda.yaml + environment, read at first serve()
 
     # ----------------------------------------------------------------- control
     def serve(self, spec: ServeSpec) -> bool:
@@ -81,12 +83,16 @@ class ModelServer:
                                         and not self._current.worker.is_stopping):
                 return False
             self._failed = None
-            try:
-                EngineConfig.from_settings(spec.path, dict(spec.engine_settings))  # before connecting
+            try:  # the version's settings over pagoda.yaml's, under the environment's
+                self._config = self._config or load_config()
+                settings = self._config.engine_settings(spec.engine_settings)
+                EngineConfig.from_settings(spec.path, settings)  # before connecting
             except InvalidParameterError:
                 self._failed = spec
                 raise
-            worker = EngineWorker(self.model, spec.version, spec.path, spec.engine_settings,
+            logger.info("%s version %s: engine settings %s", self.model, spec.version,
+                        self._config.describe(spec.engine_settings))
+            worker = EngineWorker(self.model, spec.version, spec.path, settings,
                                   worker_transport(self.redis_url, self.model),
                                   drain_timeout=self.drain_timeout)
             entry = _Running(spec, worker)

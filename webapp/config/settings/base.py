@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from webapp.config.env import database_from_url, env_list
+from workers.config_file import load_config as load_pagoda_config
 
 BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root, where manage.py lives
 
@@ -167,14 +168,16 @@ LOGGING = {
 PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", "90"))
 # SIGTERM to the web server: running API requests get this many seconds to finish (embedded
 # workers drain within it), then they are aborted; see webapp/config/shutdown.py.
-PAGODA_DRAIN_TIMEOUT = float(os.environ.get("PAGODA_DRAIN_TIMEOUT", "30"))
+# These four are pagoda.yaml's `serving` section ($PAGODA_CONFIG; workers/config_file.py), each
+# overridden by its environment variable; an unknown key or a bad value stops the start, naming it.
+_SERVING = load_pagoda_config().serving
+PAGODA_DRAIN_TIMEOUT = _SERVING["drain_timeout_s"]
 # Load shedding (workers.transport.Admission; README "Operations"): requests of one model waiting
 # for a worker, across web processes (unset: 2 x the serving workers' max_num_seqs), how long one
 # may wait for a worker to start it, and how long it may take overall; beyond them: 503 + Retry-After.
-PAGODA_MAX_QUEUED_PER_MODEL = int(os.environ["PAGODA_MAX_QUEUED_PER_MODEL"]) if os.environ.get(
-    "PAGODA_MAX_QUEUED_PER_MODEL") else None
-PAGODA_QUEUE_TIMEOUT_S = float(os.environ.get("PAGODA_QUEUE_TIMEOUT_S", "30"))
-PAGODA_REQUEST_TIMEOUT_S = float(os.environ.get("PAGODA_REQUEST_TIMEOUT_S", "600"))
+PAGODA_MAX_QUEUED_PER_MODEL = _SERVING["max_queued_per_model"]
+PAGODA_QUEUE_TIMEOUT_S = _SERVING["queue_timeout_s"]
+PAGODA_REQUEST_TIMEOUT_S = _SERVING["request_timeout_s"]
 # /readyz names the failing check only to staff, or to a probe sending this in X-Readyz-Token.
 PAGODA_READYZ_TOKEN = os.environ.get("PAGODA_READYZ_TOKEN", "")
 from celery.schedules import crontab  # noqa: E402
