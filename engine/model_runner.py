@@ -69,13 +69,14 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.tp = config.tensor_parallel_size
         self.ranks = None  # rank 0 of a tensor-parallel engine: the other ranks (RankGroup)
+        self.tp_group = None  # tensor parallel: this rank's TensorParallelGroup
         if self.tp > 1:
             if weights is None:
                 raise InvalidParameterError("tensor_parallel_size", "> 1 needs a checkpoint "
                                             "(each rank loads its shard), not random weights")
             from engine.distributed.ranks import join
-            self.device, self.ranks = join(config, model_config, max_model_len, eos_token_ids,
-                                           self.device, rank, port)
+            self.device, self.ranks, self.tp_group = join(
+                config, model_config, max_model_len, eos_token_ids, self.device, rank, port)
         try:
             self._build(weights, progress)
         except BaseException:
@@ -89,7 +90,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.use_triton = (config.use_triton if config.use_triton is not None
                            else self.device.type == "cuda")
-        with torch.device(self.device), _default_dtype(self.dtype):
+        with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
+                self.tp_group):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
         native = getattr(weights, "native_layouts", dict)()
@@ -118,7 +120,7 @@ class ModelRunner:
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
         if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
-            self.num_blocks = parallel_state.all_reduce_min(self.num_blocks, self.device)
+            self.num_blocks = self.tp_group.all_reduce_min(self.num_blocks)
         shape = kv_cache_shape(self.num_blocks, self.block_size,
                                model_config.num_key_value_heads // self.tp, model_config.head_dim)
         # One allocation for the whole pool: [2, layers, *kv_cache_shape].

@@ -1,12 +1,15 @@
-"""This process's rank in its tensor-parallel group, the group's collectives, and the checks
-that a model splits evenly.
+"""A tensor-parallel group (its rank, size and collectives), which group the model being built
+belongs to, and the checks that a model splits evenly.
 
-One tensor-parallel engine per process: ``init`` sets the default process group, ``destroy``
-ends it. Outside tensor parallelism (the default) rank is 0 and size 1 and nothing here runs.
+Each engine has its own group (a ProcessGroupGloo or ProcessGroupNCCL over its own TCPStore),
+not torch.distributed's default group, so one process can hold two tensor-parallel engines at
+once: a new version loading while the old one still serves. Layers capture the group that is
+``current()`` while they are built (``building``); outside tensor parallelism it is None.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from datetime import timedelta
 
@@ -18,19 +21,11 @@ from engine.errors import EngineError, InvalidParameterError
 # A collective waiting longer than this for a peer fails (gloo honours it; NCCL reports it).
 COLLECTIVE_TIMEOUT_S = 120.0
 
-_rank, _size = 0, 1
+_building: TensorParallelGroup | None = None
 
 
 class RankLostError(EngineError):
     """A tensor-parallel rank died or stopped answering: the engine cannot run another step."""
-
-
-def rank() -> int:
-    return _rank
-
-
-def size() -> int:
-    return _size
 
 
 def free_port() -> int:
@@ -39,52 +34,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+class TensorParallelGroup:
+    """Rank ``rank`` of ``size`` meeting on 127.0.0.1:``port`` (rank 0 serves the store)."""
+
+    def __init__(self, rank: int, size: int, port: int, device: torch.device,
+                 timeout_s: float = COLLECTIVE_TIMEOUT_S):
+        self.rank, self.size, self.device = rank, size, device
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, timeout=timeout)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(self.store, rank, size, options)
+        else:
+            self.pg = dist.ProcessGroupGloo(self.store, rank, size, timeout)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks, in place; returns it."""
+        self.pg.allreduce([x]).wait()
+        return x
+
+    def all_reduce_min(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.long, device=self.device)
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MIN
+        self.pg.allreduce([t], options).wait()
+        return int(t.item())
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """logits [S, V / size] of this rank's vocabulary slice -> [S, V] on rank 0, else None."""
+        logits = logits.contiguous()
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        if self.rank != 0:
+            self.pg.gather([], [logits], options).wait()
+            return None
+        parts = [torch.empty_like(logits) for _ in range(self.size)]
+        self.pg.gather([parts], [logits], options).wait()
+        return torch.cat(parts, dim=1)
+
+    def close(self) -> None:
+        self.pg = self.store = None
 
 
-def init(rank_: int, size_: int, port: int, device: torch.device,
-         timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
-    """Join the group of ``size_`` ranks meeting on 127.0.0.1:``port``."""
-    global _rank, _size
-    if dist.is_initialized():
-        raise RuntimeError("this process already runs a tensor-parallel engine; shut it down "
-                           "(ModelRunner.shutdown) before starting another")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank_, world_size=size_, timeout=timedelta(seconds=timeout_s))
-    _rank, _size = rank_, size_
+def current() -> TensorParallelGroup | None:
+    """The group of the model being built (None: no tensor parallelism)."""
+    return _building
 
 
-def destroy() -> None:
-    global _rank, _size
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _rank, _size = 0, 1
-
-
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum ``x`` over the ranks, in place; returns it."""
-    dist.all_reduce(x)
-    return x
-
-
-def all_reduce_min(value: int, device: torch.device) -> int:
-    t = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
-def gather_vocab(logits: torch.Tensor) -> torch.Tensor | None:
-    """logits [S, V / size] of this rank's vocabulary slice -> [S, V] on rank 0, None elsewhere."""
-    logits = logits.contiguous()
-    if _rank != 0:
-        dist.gather(logits, None, dst=0)
-        return None
-    parts = [torch.empty_like(logits) for _ in range(_size)]
-    dist.gather(logits, parts, dst=0)
-    return torch.cat(parts, dim=1)
+@contextlib.contextmanager
+def building(group: TensorParallelGroup | None):
+    global _building
+    previous, _building = _building, group
+    try:
+        yield
+    finally:
+        _building = previous
 
 
 def rank_device(device: torch.device, rank_: int) -> torch.device:

@@ -78,6 +78,7 @@ class RankGroup:
         self.processes: list[subprocess.Popen] = []
         self.pipes: list[Connection] = []
         self.lost: str | None = None
+        self.group: parallel_state.TensorParallelGroup | None = None
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the directory holding engine/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -94,7 +95,7 @@ class RankGroup:
                 self.processes.append(process)
             try:
                 self.pipes = self._accept(server, token, size - 1)
-                parallel_state.init(0, size, port, device)
+                self.group = parallel_state.TensorParallelGroup(0, size, port, device)
             except Exception as exc:
                 self.close()
                 raise RankLostError(f"the tensor-parallel ranks did not start: {exc}; "
@@ -170,7 +171,8 @@ class RankGroup:
                 p.kill()
                 p.wait(JOIN_TIMEOUT_S)
         self.pipes = []
-        parallel_state.destroy()
+        if self.group is not None:
+            self.group.close()
 
 
 def rank_main(rank: int, port: int, control_port: int, token: bytes, config, model_config,
@@ -199,14 +201,13 @@ def rank_main(rank: int, port: int, control_port: int, token: bytes, config, mod
     except Exception:
         logger.exception("tensor-parallel rank %d failed", rank)
         os._exit(1)  # not a clean teardown: rank 0 must see this rank gone
-    finally:
-        parallel_state.destroy()
 
 
 def join(config, model_config, max_model_len: int, eos_token_ids: list[int], device, rank: int,
          port: int | None):
     """Enter the tensor-parallel group as ``rank``: (this rank's device, the RankGroup on rank 0
-    or None). Rank 0 checks the model splits evenly and spawns the other ranks first."""
+    or None, the TensorParallelGroup). Rank 0 checks the model splits evenly and starts the
+    other ranks first."""
     import torch
 
     size = config.tensor_parallel_size
@@ -215,6 +216,6 @@ def join(config, model_config, max_model_len: int, eos_token_ids: list[int], dev
     if device.type == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     if rank == 0:
-        return device, RankGroup(config, model_config, max_model_len, eos_token_ids, device)
-    parallel_state.init(rank, size, port, device)
-    return device, None
+        ranks = RankGroup(config, model_config, max_model_len, eos_token_ids, device)
+        return device, ranks, ranks.group
+    return device, None, parallel_state.TensorParallelGroup(rank, size, port, device)

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import parallel_state
 from engine.quantization.int4 import Int4Weight
 from engine.quantization.int8 import Int8Weight, quantize_int8
 
@@ -86,16 +85,17 @@ class VocabSplit(ColumnSplit):
 class VocabParallelEmbedding(nn.Module):
     """Token ids [T] -> [T, hidden] from this rank's vocabulary slice, summed over the ranks."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int, size: int):
+    def __init__(self, vocab_size: int, hidden_size: int, tp):
         super().__init__()
-        self.per_rank = vocab_size // size
-        self.start = rank * self.per_rank
+        self.tp = tp  # engine/distributed/parallel_state.TensorParallelGroup
+        self.per_rank = vocab_size // tp.size
+        self.start = tp.rank * self.per_rank
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size), requires_grad=False)
-        self.tp_split = VocabSplit(rank, size)
+        self.tp_split = VocabSplit(tp.rank, tp.size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.per_rank)  # [T] ids another rank holds
         out = F.embedding(local.masked_fill(outside, 0), self.weight)  # [T, hidden]
         out.masked_fill_(outside[:, None], 0)
-        return parallel_state.all_reduce(out)
+        return self.tp.all_reduce(out)

@@ -27,7 +27,8 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool, rotary_emb: RotaryEmbedding):
         super().__init__()
         # Tensor parallel: this rank's heads (engine/layers/parallel.py); size 1: all of them.
-        self.tp_size, rank = parallel_state.size(), parallel_state.rank()
+        self.tp = tp = parallel_state.current()
+        self.tp_size, rank = (tp.size, tp.rank) if tp else (1, 0)
         self.num_heads = cfg.num_attention_heads // self.tp_size
         self.num_kv_heads = cfg.num_key_value_heads // self.tp_size
         self.head_dim = cfg.head_dim
@@ -57,13 +58,14 @@ class LlamaAttention(nn.Module):
             q, k, v = qk[:, :h], qk[:, h:], qkv[:, self.qk_size:].view(t, -1, d)
         o = self.attn(q, k, v, kv_cache, meta)  # [T, H, D]
         out = self.o_proj(o.view(t, -1))  # [T, hidden], this rank's part when tensor parallel
-        return parallel_state.all_reduce(out) if self.tp_size > 1 else out
+        return self.tp.all_reduce(out) if self.tp_size > 1 else out
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
         super().__init__()
-        self.tp_size, rank = parallel_state.size(), parallel_state.rank()
+        self.tp = tp = parallel_state.current()
+        self.tp_size, rank = (tp.size, tp.rank) if tp else (1, 0)
         inter = cfg.intermediate_size // self.tp_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, [inter, inter])
         self.down_proj = Linear(inter, cfg.hidden_size)
@@ -74,7 +76,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden]
-        return parallel_state.all_reduce(out) if self.tp_size > 1 else out
+        return self.tp.all_reduce(out) if self.tp_size > 1 else out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -99,10 +101,9 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, use_triton: bool):
         super().__init__()
-        size = parallel_state.size()
-        if size > 1:
-            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
-                                                       parallel_state.rank(), size)
+        tp = parallel_state.current()
+        if tp is not None:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         else:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
             self.embed_tokens.weight.requires_grad_(False)
@@ -134,11 +135,12 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg, use_triton)
         tied = self.model.embed_tokens.weight if cfg.tie_word_embeddings else None
-        self.tp_size = parallel_state.size()
+        self.tp = tp = parallel_state.current()
+        self.tp_size = tp.size if tp else 1
         # Tensor parallel: this rank's vocabulary slice, its logits gathered on rank 0.
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size // self.tp_size, tied)
-        if self.tp_size > 1 and tied is None:
-            self.lm_head.tp_split = VocabSplit(parallel_state.rank(), self.tp_size)
+        if tp is not None and tied is None:
+            self.lm_head.tp_split = VocabSplit(tp.rank, tp.size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
@@ -149,5 +151,5 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [S, hidden] -> float32 logits [S, vocab] (engine/layers/linear.LMHead); tensor
         parallel: on rank 0, None on the others."""
         if self.tp_size > 1:
-            return parallel_state.gather_vocab(self.lm_head(hidden))
+            return self.tp.gather_vocab(self.lm_head(hidden))
         return self.lm_head(hidden)

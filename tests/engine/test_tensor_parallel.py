@@ -14,6 +14,9 @@ first token and per-token logprobs within 0.05 until the tokens part.
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import time
 
 import pytest
@@ -59,11 +62,47 @@ def test_two_int4_ranks_agree_with_one_process_to_bf16_rounding(tiny_llama_dir):
             assert abs(x.logprob - y.logprob) < 0.05
 
 
+@pytest.fixture
+def triton_on_cpu():
+    """The Triton kernels under the interpreter (as tests/engine/kernels/conftest.py sets it),
+    in this process and in the ranks it starts."""
+    import torch
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"
+        for name in sorted(n for n in sys.modules if n.startswith("engine.kernels.")):
+            importlib.reload(sys.modules[name])
+
+
+@pytest.mark.slow
+def test_two_ranks_on_the_triton_path_give_the_tokens_of_one_process(tiny_llama_dir,
+                                                                     triton_on_cpu):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    one = greedy_tokens(tiny_llama_dir, PROMPTS[:2], params, quantization="none", use_triton=True)
+    two = greedy_tokens(tiny_llama_dir, PROMPTS[:2], params, quantization="none", use_triton=True,
+                        tensor_parallel_size=2)
+    assert two == one
+    assert one == greedy_tokens(tiny_llama_dir, PROMPTS[:2], params, quantization="none")
+
+
 @pytest.mark.slow
 def test_three_ranks_give_smollm2s_tokens_of_one_process():
     one = greedy_tokens("smollm2", PROMPTS[:2], quantization="none")
     three = greedy_tokens("smollm2", PROMPTS[:2], quantization="none", tensor_parallel_size=3)
     assert three == one
+
+
+def test_two_tensor_parallel_engines_serve_side_by_side_in_one_process(tiny_llama_dir):
+    """A new version loads while the old one still serves: each engine has its own group."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    old = LLM(str(tiny_llama_dir), dtype="float32", quantization="none", tensor_parallel_size=2)
+    try:
+        before = [o.token_ids for o in old.generate(PROMPTS, params)]
+        new = greedy_tokens(tiny_llama_dir, PROMPTS, params, quantization="none",
+                            tensor_parallel_size=2)
+        assert [o.token_ids for o in old.generate(PROMPTS, params)] == before == new
+    finally:
+        old.engine.runner.shutdown()
 
 
 def test_heads_that_do_not_divide_are_refused_naming_the_numbers(tiny_llama_dir):
