@@ -1,5 +1,5 @@
 // The chat page: one WebSocket (/ws/chat/) carries turns out and streamed deltas back.
-// Model output is Markdown rendered by markdown-it with raw HTML off, then sanitized by DOMPurify;
+// Model output is Markdown rendered by render.js (markdown-it, raw HTML off, then DOMPurify);
 // user messages are plain text (textContent), so neither can inject markup or script.
 (function () {
   "use strict";
@@ -8,42 +8,7 @@
   const messagesEl = $("messages"), promptEl = $("prompt"), sendBtn = $("send"), stopBtn = $("stop");
   const modelEl = $("model"), connectionEl = $("connection");
 
-  const md = window.markdownit({
-    html: false, linkify: true, breaks: false,
-    highlight(code, lang) {
-      if (lang && hljs.getLanguage(lang)) {
-        try { return hljs.highlight(code, { language: lang, ignoreIllegals: true }).value; } catch (e) { /* plain */ }
-      }
-      return ""; // markdown-it escapes it
-    },
-  });
-  // Table alignment as classes, not style attributes: the CSP refuses inline style, even while
-  // DOMPurify parses the markup.
-  md.core.ruler.push("align_by_class", (state) => {
-    for (const token of state.tokens) {
-      const style = token.attrGet("style");
-      if (style === null) continue;
-      token.attrs = token.attrs.filter(([name]) => name !== "style");
-      const align = /^text-align:(left|right|center)$/.exec(style);
-      if (align) token.attrJoin("class", `align-${align[1]}`);
-    }
-  });
-  // Images only from this site or data: (the page's CSP says the same; a remote image URL in model
-  // output could carry the conversation away): others become their alt text. Style attributes
-  // are dropped too.
-  const isLocalImage = (src) => {
-    try { const url = new URL(src, location.href); return url.protocol === "data:" || url.origin === location.origin; }
-    catch (e) { return false; }
-  };
-  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
-    if (node.nodeName === "IMG" && !isLocalImage(node.getAttribute("src") || "")) {
-      const alt = document.createElement("span");
-      alt.className = "blocked-image"; alt.title = "remote image not loaded";
-      alt.textContent = node.getAttribute("alt") || "image";
-      node.replaceWith(alt);
-    }
-  });
-  const renderMarkdown = (text) => DOMPurify.sanitize(md.render(text), { USE_PROFILES: { html: true }, FORBID_ATTR: ["style"] });
+  const { renderMarkdown, addCopyButtons } = window.PagodaRender;
 
   let conversationId = state.conversation ? state.conversation.id : null;
   let socket = null, streaming = null; // streaming: {el, body, text, frame}
@@ -51,12 +16,8 @@
   // ---------------------------------------------------------------- settings
   if (state.model) modelEl.value = state.model;
   $("system-prompt").value = state.system_prompt || "";
-  function settings() {
-    return {
-      model: modelEl.value, system_prompt: $("system-prompt").value,
-      temperature: $("temperature").value, top_p: $("top-p").value, max_tokens: $("max-tokens").value,
-    };
-  }
+  const settingsPanel = window.PagodaSettings(state, (frame) => send(frame, false));
+  const settings = () => Object.assign({ model: modelEl.value }, settingsPanel.collect());
 
   // ---------------------------------------------------------------- scrolling
   const nearBottom = () => messagesEl.scrollHeight - messagesEl.scrollTop - messagesEl.clientHeight < 40;
@@ -67,22 +28,6 @@
   }
 
   // ---------------------------------------------------------------- messages
-  function addCopyButtons(root) {
-    root.querySelectorAll("pre").forEach((pre) => {
-      if (pre.querySelector(".copy")) return;
-      const button = document.createElement("button");
-      button.type = "button"; button.className = "copy"; button.textContent = "Copy";
-      button.addEventListener("click", () => {
-        const text = pre.querySelector("code") ? pre.querySelector("code").innerText : pre.innerText;
-        const done = () => { button.textContent = "Copied"; setTimeout(() => (button.textContent = "Copy"), 1200); };
-        if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).then(done);
-        else { const t = document.createElement("textarea"); t.value = text; document.body.appendChild(t);
-          t.select(); document.execCommand("copy"); t.remove(); done(); }
-      });
-      pre.appendChild(button);
-    });
-  }
-
   function setAssistantBody(body, text) {
     body.innerHTML = renderMarkdown(text);
     addCopyButtons(body);
@@ -117,6 +62,7 @@
       edit.addEventListener("click", () => startEdit(el));
       footer.appendChild(edit);
     } else {
+      if (m.id) el.dataset.content = m.content || ""; // the Markdown, for "copy the last answer"
       setAssistantBody(body, m.content || "");
       const meta = document.createElement("span");
       meta.className = "meta"; meta.textContent = metaText(m);
@@ -217,6 +163,8 @@
   }
 
   function showStreaming(msg, text) {
+    settingsPanel.clearError();
+    unsent = "";
     if (conversationId !== msg.conversation.id) {
       conversationId = msg.conversation.id;
       history.replaceState(null, "", `/c/${conversationId}/`);
@@ -275,9 +223,13 @@
     }
   }
 
+  let unsent = ""; // the message just sent, given back to the box if the turn is refused before it starts
   function onError(msg) {
+    if (!streaming && unsent && !promptEl.value) promptEl.value = unsent;
+    unsent = "";
     // A refused turn leaves the answer already running (if any) as it is.
     if (["busy", "server_shutting_down"].indexOf(msg.code) >= 0) { showError(msg.message); return; }
+    settingsPanel.showError(msg);
     markRunning(conversationId, false);
     const s = finishStreaming();
     if (s && !s.text) s.el.remove();
@@ -321,7 +273,7 @@
     });
     socket.addEventListener("message", (event) => {
       const msg = JSON.parse(event.data);
-      ({ start: onStart, resume: onResume, idle: onIdle, path: onPath, delta: onDelta, done: onDone, error: onError }[msg.type]
+      ({ start: onStart, resume: onResume, idle: onIdle, path: onPath, presets: settingsPanel.onPresets, delta: onDelta, done: onDone, error: onError }[msg.type]
         || (() => {}))(msg);
     });
     socket.addEventListener("close", (event) => {
@@ -334,10 +286,10 @@
     });
   }
 
-  function send(payload) {
+  function send(payload, turn = true) {
     if (!socket || socket.readyState !== WebSocket.OPEN) { showError("Not connected to the server; retrying…"); return false; }
-    if (!modelEl.value) { showError("No model is active. Activate one in the admin first."); return false; }
-    socket.send(JSON.stringify(Object.assign(settings(), payload)));
+    if (turn && !modelEl.value) { showError("No model is active. Activate one in the admin first."); return false; }
+    socket.send(JSON.stringify(turn ? Object.assign(settings(), payload) : payload));
     return true;
   }
 
@@ -347,7 +299,7 @@
     if (!content.trim() || streaming) return;
     const shown = messagesEl.querySelectorAll(".message[data-id]");
     const parent = shown.length ? Number(shown[shown.length - 1].dataset.id) : null;  // continue the branch shown
-    if (send({ type: "send", conversation: conversationId, parent, content })) promptEl.value = "";
+    if (send({ type: "send", conversation: conversationId, parent, content })) { unsent = content; promptEl.value = ""; }
   });
   promptEl.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

@@ -80,3 +80,32 @@ def test_editing_twice_keeps_three_versions_and_each_answer_comes_back(page, cha
     answered(page)
     assert page.locator(".message.assistant .body").first.inner_text() == answers[1]
     page.screenshot(path=str(artifacts_dir / "chat-branches-continued.png"))
+
+
+def test_the_settings_panel_sends_every_parameter_and_a_refused_one_is_pointed_at(page, chat_site, artifacts_dir):
+    page.click("summary")
+    for field, value in (("#top-k", "1"), ("#min-p", "0.05"), ("#presence-penalty", "0.5"),
+                         ("#frequency-penalty", "0.5"), ("#repetition-penalty", "1.1"), ("#seed", "7"),
+                         ("#max-tokens", "6"), ("#temperature", "0.8")):
+        page.fill(field, value)
+    page.fill("#stop-sequences", "###\nEND")
+    page.screenshot(path=str(artifacts_dir / "chat-settings.png"))
+    page.click("summary")
+    page.fill("#prompt", "Say hello.")
+    page.press("#prompt", "Enter")
+    answered(page)
+    conversation = page.url.rstrip("/").split("/")[-1]
+    sampling = manage(chat_site, "shell", "-c", "from webapp.chat.models import Conversation; "
+                      f"print(Conversation.objects.get(pk={conversation}).sampling)")
+    assert sampling.strip().splitlines()[-1] == str({"max_tokens": 6, "temperature": 0.8, "top_p": 0.95, "top_k": 1, "min_p": 0.05,
+                                    "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
+                                    "seed": 7, "stop": ["###", "END"]})
+
+    page.reload()  # the conversation's settings come back with it
+    expect(page.locator("#seed")).to_have_value("7")
+    page.evaluate("document.getElementById('top-p').value = '0'")  # below what the API takes
+    page.fill("#prompt", "Again.")
+    page.press("#prompt", "Enter")
+    expect(page.locator("#settings-error")).to_contain_text("top_p")
+    expect(page.locator("#top-p")).to_be_focused()
+    page.screenshot(path=str(artifacts_dir / "chat-settings-refused.png"))

@@ -101,14 +101,15 @@ def test_login_send_see_tokens_stream_then_reload_finds_the_conversation(page, c
     answer = page.locator(".message.assistant").last
     expect(page.locator(".message.assistant.waiting, .message.assistant.streaming")).to_have_count(1)
     # Tokens on screen while the answer is still being written.
-    page.wait_for_function("""() => {
+    # (read in the same poll as the condition: the whole answer may arrive a moment later)
+    partial = page.wait_for_function("""() => {
         const el = document.querySelector('.message.assistant.streaming .body');
-        return el && el.textContent.trim().length > 0 && !document.getElementById('stop').hidden; }""")
-    partial = answer.locator(".body").inner_text()
+        return el && el.textContent.trim().length > 0 && !document.getElementById('stop').hidden
+          && el.textContent; }""", polling="raf").json_value()
     page.screenshot(path=str(artifacts_dir / "chat-streaming.png"))
     expect(page.locator("#stop")).to_be_hidden()
     final = answer.locator(".body").inner_text()
-    assert len(final) > len(partial.rstrip("▍").strip())
+    assert len(final) > len(partial.strip())
     expect(answer.locator(".meta")).to_contain_text("tok/s")
     expect(answer.locator(".meta")).to_contain_text("prefix cache")
     assert re.search(r"/c/\d+/$", page.url)

@@ -3,7 +3,9 @@
 Page -> server: {"type": "send"|"regenerate"|"edit", "conversation", "message", "content", "model",
                  "system_prompt", "temperature", "top_p", "max_tokens"}, {"type": "stop", "conversation"}
                  {"type": "attach", "conversation"} and {"type": "switch", "conversation", "message"}
-                 (show another version of a message; answered with {"type": "path", "messages"}).
+                 (show another version of a message; answered with {"type": "path", "messages"}),
+                 {"type": "preset_save", "name", "text"} and {"type": "preset_delete", "id"} (answered
+                 with {"type": "presets", "presets"}).
 Server -> page: {"type": "start", ...}, {"type": "resume", ..., "text"} (an answer already running:
                  the text so far), {"type": "idle", "conversation"} (none is), {"type": "delta", "text"},
                  {"type": "done", "message", "usage", "tokens_per_s", "prefix_cache_hit", "finish_reason"},
@@ -37,9 +39,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from webapp.chat import generations
-from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict
+from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict, preset_list
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
-                                  conversation_switch, turn_prepare)
+                                  conversation_switch, preset_delete, preset_save, turn_prepare)
 from webapp.config.shutdown import shutting_down
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
@@ -169,6 +171,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             elif self.outbox not in running.listeners:
                 generations.attach(running, self.outbox)
             return
+        if kind in ("preset_save", "preset_delete"):
+            await self._preset(kind, content)
+            return
         if kind == "switch":
             await self._switch(conversation_id, content.get("message"), running)
             return
@@ -215,3 +220,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                        "message": "This message is not in the conversation."})
             return
         self.emit({"type": "path", "conversation": int(conversation_id), "messages": messages})
+
+    async def _preset(self, kind: str, content: dict) -> None:
+        def change():
+            if kind == "preset_save":
+                preset_save(user=self.user, name=content.get("name"), text=content.get("text"),
+                            max_chars=self.limits.max_message_chars)
+            else:
+                preset_delete(user=self.user, preset_id=content.get("id"))
+            return preset_list(user=self.user)
+
+        try:
+            self.emit({"type": "presets", "presets": await database_sync_to_async(change)()})
+        except ChatInputError as exc:
+            self.emit(exc.to_dict())

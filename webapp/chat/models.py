@@ -15,6 +15,7 @@ class Conversation(models.Model):
     # The last settings used, so that reopening a conversation restores them.
     model_name = models.CharField(max_length=64, blank=True)
     system_prompt = models.TextField(blank=True)
+    sampling = models.JSONField(default=dict, blank=True)  # the sampling settings of the last turn
     # The end of the path the page shows; None: the newest message.
     current_leaf = models.ForeignKey("Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -57,3 +58,46 @@ class Message(models.Model):
         if self._state.adding and self.parent_id is None and not getattr(self, "root", False):
             self.parent = Message.objects.filter(conversation_id=self.conversation_id).order_by("-id").first()
         super().save(*args, **kwargs)
+
+
+class ModelChatDefaults(models.Model):
+    """Staff's defaults for a model on the chat page: its sampling settings and system prompt.
+    The page starts from them; a turn's own values win (chat.sampling checks both)."""
+
+    model = models.OneToOneField("registry.Model", on_delete=models.CASCADE, related_name="chat_defaults")
+    sampling = models.JSONField(default=dict, blank=True, help_text='e.g. {"temperature": 0.6, "top_k": 40}')
+    system_prompt = models.TextField(blank=True)
+
+    class Meta:
+        verbose_name = "chat defaults of a model"
+        verbose_name_plural = "chat defaults of models"
+
+    def __str__(self) -> str:
+        return f"chat defaults of {self.model}"
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from webapp.chat.sampling import FIELDS, SamplingError, sampling_params
+
+        if not isinstance(self.sampling, dict) or set(self.sampling) - set(FIELDS):
+            raise ValidationError({"sampling": f"an object with some of: {', '.join(FIELDS)}"})
+        try:
+            sampling_params(self.sampling)
+        except SamplingError as exc:
+            raise ValidationError({"sampling": exc.message}) from None
+
+
+class SystemPromptPreset(models.Model):
+    """A named system prompt: the user's own, or everyone's when ``user`` is empty (made by staff)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="system_prompt_presets")
+    name = models.CharField(max_length=80)
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -6,9 +6,9 @@ shows, each message with its siblings (the versions the page moves between with 
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 
-from webapp.chat.models import Conversation, Message
+from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
 
 
 def conversation_list(*, user) -> QuerySet[Conversation]:
@@ -81,3 +81,16 @@ def message_to_dict(message: Message) -> dict:
             "parent": message.parent_id,
             "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
             "cached_prompt_tokens": message.cached_prompt_tokens, "finish_reason": message.finish_reason}
+
+
+def preset_list(*, user) -> list[dict]:
+    """The system prompt presets the user can pick: everyone's (staff's), then the user's own."""
+    presets = SystemPromptPreset.objects.filter(Q(user=None) | Q(user=user)).order_by(F("user").asc(nulls_first=True),
+                                                                                       "name", "id")
+    return [{"id": p.pk, "name": p.name, "text": p.text, "shared": p.user_id is None} for p in presets]
+
+
+def chat_defaults_by_model(*, slugs: list[str]) -> dict[str, dict]:
+    """Staff's defaults of the models ``slugs``: {slug: {"sampling": {...}, "system_prompt": str}}."""
+    return {d.model.slug: {"sampling": d.sampling, "system_prompt": d.system_prompt}
+            for d in ModelChatDefaults.objects.filter(model__slug__in=slugs).select_related("model")}

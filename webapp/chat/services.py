@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from webapp.chat.models import Conversation, Message
+from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
+from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
+from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
@@ -83,28 +85,6 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
-def _number(data: dict, name: str, low: float, high: float, *, integer: bool = False):
-    value = data.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        number = int(value) if integer else float(value)
-    except (TypeError, ValueError):
-        raise ChatInputError("invalid_parameter", f"{name} must be a number", name) from None
-    if not low <= number <= high:
-        raise ChatInputError("invalid_parameter", f"{name} must be between {low} and {high}", name)
-    return number
-
-
-def _sampling_params(data: dict) -> dict:
-    params = {"max_tokens": _number(data, "max_tokens", 1, 1_000_000, integer=True)}
-    for name, high in (("temperature", 2.0), ("top_p", 1.0)):
-        value = _number(data, name, 0.0, high)
-        if value is not None:
-            params[name] = value
-    return params
-
-
 def _text(data: dict, name: str, max_chars: int | None = None) -> str:
     value = data.get(name) or ""
     if not isinstance(value, str):
@@ -113,6 +93,25 @@ def _text(data: dict, name: str, max_chars: int | None = None) -> str:
         raise ChatInputError("message_too_large", f"This text has {len(value)} characters; the most allowed is "
                              f"{max_chars}.", name)
     return value
+
+
+PRESET_NAME_LENGTH = 80
+
+
+def preset_save(*, user, name, text, max_chars: int) -> SystemPromptPreset:
+    """Save a system prompt under a name (the user's own preset of that name is replaced)."""
+    name, text = _text({"name": name}, "name", PRESET_NAME_LENGTH).strip(), _text({"text": text}, "text", max_chars)
+    if not name:
+        raise ChatInputError("invalid_parameter", "Give the preset a name.", "name")
+    if not text.strip():
+        raise ChatInputError("invalid_parameter", "A preset needs a system prompt.", "text")
+    preset, _ = SystemPromptPreset.objects.update_or_create(user=user, name=name, defaults={"text": text})
+    return preset
+
+
+def preset_delete(*, user, preset_id) -> bool:
+    """Delete one of the user's own presets (staff's shared ones are deleted in the admin)."""
+    return SystemPromptPreset.objects.filter(user=user, pk=_id(preset_id) or 0).delete()[0] > 0
 
 
 def _user_message(conversation: Conversation, content: str, parent: Message | None) -> Message:
@@ -204,7 +203,13 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise ChatInputError("model_not_found", f"The model {slug!r} is not served.", "model")
     if not version.tokenizer_dir:
         raise ChatInputError("model_not_ready", f"The model {slug!r} is still being prepared.", "model")
-    params = _sampling_params(data)
+    defaults = ModelChatDefaults.objects.filter(model=version.model).first()
+    try:
+        # The page's values over the staff's defaults for the model, each within the API's limits.
+        params = sampling_params({**(defaults.sampling if defaults else {}),
+                                  **{k: v for k, v in data.items() if k in SAMPLING_FIELDS and v not in (None, "")}})
+    except SamplingError as exc:
+        raise ChatInputError("invalid_parameter", exc.message, exc.param) from None
     system_prompt = _text(data, "system_prompt", limits.max_message_chars)
     tokenizer = load_tokenizer(version.tokenizer_dir)
     request_id = "chat-" + uuid.uuid4().hex
@@ -217,8 +222,9 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation, user_message = _apply_action(user=user, action=action, data=data,
                                                        max_chars=limits.max_message_chars)
             conversation.model_name, conversation.system_prompt = slug, system_prompt
+            conversation.sampling = {k: v for k, v in params.items() if v is not None}
             conversation.current_leaf = user_message
-            conversation.save(update_fields=["model_name", "system_prompt", "current_leaf", "updated_at"])
+            conversation.save(update_fields=["model_name", "system_prompt", "sampling", "current_leaf", "updated_at"])
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
             # The prompt is the path shown, up to the message answered: other branches stay out of it.
             history += [{"role": m.role, "content": m.content} for m in Tree(conversation).path_to(user_message)]

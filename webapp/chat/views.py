@@ -8,7 +8,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.chat.generations import running_conversation_ids
-from webapp.chat.selectors import conversation_get, conversation_list, message_path_dicts
+from webapp.chat.selectors import (chat_defaults_by_model, conversation_get, conversation_list, message_path_dicts,
+                                   preset_list)
 from webapp.chat.services import conversation_delete, conversation_rename
 from webapp.keys.selectors import chatlimits_allowed_slugs
 from webapp.keys.services import chatlimits_get_or_create
@@ -36,6 +37,9 @@ def chat_page(request, conversation_id: int | None = None):
         else (models[0] if models else ""),
         "system_prompt": conversation.system_prompt if conversation else "",
         "running": bool(conversation and conversation.pk in running),
+        "sampling": conversation.sampling if conversation else {},
+        "defaults": chat_defaults_by_model(slugs=models),  # staff's, per model
+        "presets": preset_list(user=request.user),
     }
     return render(request, "chat/index.html", {
         "conversations": conversation_list(user=request.user), "conversation": conversation,

@@ -1,0 +1,88 @@
+// The chat page's settings panel: every sampling parameter of the API, system prompt presets
+// (everyone's from staff, and the user's own, saved over the socket) and staff's per-model
+// defaults. The server checks every value against the API's limits; the inputs only help.
+window.PagodaSettings = function (state, sendFrame) {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const panel = document.querySelector("details.settings");
+  const inputs = [...document.querySelectorAll(".settings-panel [data-param]")];
+  const pageDefaults = {};
+  inputs.forEach((el) => { pageDefaults[el.dataset.param] = el.value; });
+  const presetEl = $("preset"), systemEl = $("system-prompt"), modelEl = $("model");
+  let presets = state.presets || [];
+
+  function fill(sampling) {
+    inputs.forEach((el) => {
+      const value = sampling[el.dataset.param];
+      if (value !== undefined && value !== null) el.value = Array.isArray(value) ? value.join("\n") : String(value);
+    });
+  }
+
+  // A new conversation starts from the model's defaults; a saved one from its own last settings.
+  function applyModelDefaults() {
+    inputs.forEach((el) => { el.value = pageDefaults[el.dataset.param]; });
+    const defaults = (state.defaults || {})[modelEl.value];
+    if (defaults) {
+      fill(defaults.sampling || {});
+      if (defaults.system_prompt && !state.conversation) systemEl.value = defaults.system_prompt;
+    }
+  }
+
+  function collect() {
+    const out = { system_prompt: systemEl.value };
+    inputs.forEach((el) => {
+      const name = el.dataset.param;
+      // Numbers travel as their text (a seed may exceed what a JS number holds exactly).
+      out[name] = name === "stop" ? el.value.split("\n").filter((s) => s.length) : (el.value === "" ? null : el.value);
+    });
+    return out;
+  }
+
+  function renderPresets() {
+    const chosen = presetEl.value;
+    presetEl.replaceChildren(new Option("(none)", ""));
+    presets.forEach((p) => presetEl.appendChild(new Option(p.shared ? `${p.name} (shared)` : p.name, String(p.id))));
+    if (presets.some((p) => String(p.id) === chosen)) presetEl.value = chosen;
+    const current = presets.find((p) => String(p.id) === presetEl.value);
+    $("preset-delete").disabled = !current || current.shared;
+  }
+
+  presetEl.addEventListener("change", () => {
+    const preset = presets.find((p) => String(p.id) === presetEl.value);
+    if (preset) systemEl.value = preset.text;
+    renderPresets();
+  });
+  $("preset-save").addEventListener("click", () => {
+    const current = presets.find((p) => String(p.id) === presetEl.value);
+    const name = window.prompt("Save this system prompt as", current && !current.shared ? current.name : "");
+    if (name && name.trim()) sendFrame({ type: "preset_save", name: name.trim(), text: systemEl.value });
+  });
+  $("preset-delete").addEventListener("click", () => {
+    if (presetEl.value) sendFrame({ type: "preset_delete", id: Number(presetEl.value) });
+  });
+  modelEl.addEventListener("change", () => { if (!state.conversation) applyModelDefaults(); });
+
+  // A refused setting: the panel opens on the field the server named.
+  function showError(msg) {
+    const field = inputs.find((el) => el.dataset.param === msg.param);
+    const errorEl = $("settings-error");
+    errorEl.hidden = !field;
+    if (!field) return;
+    errorEl.textContent = msg.message;
+    panel.open = true;
+    field.setAttribute("aria-invalid", "true");
+    field.focus();
+  }
+  function clearError() {
+    $("settings-error").hidden = true;
+    inputs.forEach((el) => el.removeAttribute("aria-invalid"));
+  }
+
+  applyModelDefaults();
+  if (state.conversation) fill(state.sampling || {});
+  renderPresets();
+  return {
+    collect, showError, clearError,
+    onPresets(msg) { presets = msg.presets; renderPresets(); const last = presets.find((p) => !p.shared && p.text === systemEl.value); if (last) { presetEl.value = String(last.id); renderPresets(); } },
+  };
+};

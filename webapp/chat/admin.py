@@ -1,0 +1,16 @@
+"""Staff edit the chat page's per-model defaults and the shared system prompt presets here."""
+
+from django.contrib import admin
+
+from webapp.chat.models import ModelChatDefaults, SystemPromptPreset
+
+
+@admin.register(ModelChatDefaults)
+class ModelChatDefaultsAdmin(admin.ModelAdmin):
+    list_display = ("model", "sampling", "system_prompt")
+
+
+@admin.register(SystemPromptPreset)
+class SystemPromptPresetAdmin(admin.ModelAdmin):
+    list_display = ("name", "user")
+    list_filter = ("user",)
