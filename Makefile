@@ -24,7 +24,8 @@ PORT ?= 8000
 # Pending connections the listening socket holds (Twisted's default of 50 resets a burst at connect).
 BACKLOG ?= 1024
 PYTEST_ARGS ?=
-# Run a second time with DATABASE_URL on a PostgreSQL server started (and removed) for the run.
+# Run a second time with DATABASE_URL on a PostgreSQL server started (and removed) for the run,
+# with PYTEST_ARGS too: when PYTEST_ARGS names test files, set POSTGRES_TESTS to the database ones.
 POSTGRES_TESTS ?= tests/webapp
 BENCH_ARGS ?=
 # make stack: the folder of its PostgreSQL cluster (kept between runs; delete it for a fresh one),
