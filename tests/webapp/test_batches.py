@@ -217,3 +217,70 @@ def test_a_batch_cut_short_by_a_restart_keeps_its_done_lines_and_runs_the_rest(c
     assert batch["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     assert [r["custom_id"] for r in results] == [f"req-{i}" for i in range(5)] and results[0] == done
     assert BatchLine.objects.get(batch__public_id=public_id, line_number=2).num_attempts == 2
+
+
+def test_the_lines_of_a_batch_whose_key_is_revoked_fail_with_401(client, served, keys):
+    from webapp.keys.models import ApiKey
+
+    file = upload(client, keys["alice"], jsonl([request_line(i, p) for i, p in enumerate(PROMPTS[:2])])).json()
+    public_id = client.post("/v1/batches", json.dumps({"input_file_id": file["id"], "endpoint": "/v1/completions",
+                                                       "completion_window": "24h"}),
+                            content_type="application/json", **auth(keys["alice"])).json()["id"]
+    ApiKey.objects.filter(owner__username="alice").update(is_revoked=True)
+
+    assert batch_run(batch_id=Batch.objects.get(public_id=public_id).pk) == "completed"
+    batch = Batch.objects.get(public_id=public_id)
+    with batch.error_file.content.open("rb") as handle:
+        errors = [json.loads(line) for line in handle.read().splitlines()]
+    assert (batch.num_completed, batch.num_failed) == (0, 2)
+    assert [e["response"]["status_code"] for e in errors] == [401, 401]
+    assert errors[0]["response"]["body"]["error"]["code"] == "invalid_api_key"
+
+
+def test_running_lines_step_aside_for_an_interactive_request_and_run_again_after_it(client, served, keys,
+                                                                                  monkeypatch):
+    """Engine steps paced (10 ms) so both outlast the workers' heartbeat: the interactive request
+    arrives while lines run, they are preempted (aborted, queued again) and finish after it."""
+    import asyncio
+    import threading
+    import time
+
+    from engine.llm_engine import LLMEngine
+    from workers.connect import get_engine_client
+    from workers.protocol import GenerateRequest
+
+    step = LLMEngine.step
+    monkeypatch.setattr(LLMEngine, "step", lambda self: (time.sleep(0.01), step(self))[1])
+    engine = get_engine_client(None)
+    ended = {}
+
+    async def interactive():
+        request = GenerateRequest(request_id="interactive-1", model=MODEL, prompt_token_ids=[1, 2, 3],
+                                  params={"max_tokens": 300, "ignore_eos": True, "temperature": 0})
+        async for chunk in engine.generate(request):
+            ended["finish_reason"] = chunk.finish_reason
+        ended["at"] = timezone.now()
+
+    def when_lines_run():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(w.stats.get("num_inflight") for w in engine.live_workers(MODEL)):
+            time.sleep(0.05)
+        asyncio.run(interactive())
+
+    file = upload(client, keys["alice"], jsonl([request_line(i, p, max_tokens=150, ignore_eos=True)
+                                                for i, p in enumerate(PROMPTS[:2])])).json()
+    public_id = client.post("/v1/batches", json.dumps({"input_file_id": file["id"], "endpoint": "/v1/completions",
+                                                       "completion_window": "24h"}),
+                            content_type="application/json", **auth(keys["alice"])).json()["id"]
+    helper = threading.Thread(target=when_lines_run)
+    helper.start()
+    assert batch_run(batch_id=Batch.objects.get(public_id=public_id).pk) == "completed"
+    helper.join(60)
+
+    lines = list(BatchLine.objects.filter(batch__public_id=public_id))
+    assert ended["finish_reason"] == "length" and [line.status for line in lines] == ["completed"] * 2
+    assert all(line.num_attempts == 1 for line in lines)  # a preemption is not an attempt
+    final = UsageRecord.objects.filter(request_id__in=[line.request_id for line in lines])
+    assert all(r.status == "ok" and r.completion_tokens == 150 and r.created_at > ended["at"] for r in final)
+    preempted = UsageRecord.objects.filter(api_key__owner__username="alice", status="aborted")
+    assert preempted.count() >= 1  # the tokens they used are on record

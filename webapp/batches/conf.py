@@ -11,10 +11,11 @@ DEFAULTS = {
     # An input file: at most this many bytes and lines (OpenAI's: 200 MB, 50,000 requests).
     "PAGODA_BATCH_MAX_FILE_BYTES": 100 * 1024 * 1024,
     "PAGODA_BATCH_MAX_LINES": 50_000,
-    # Lines of one batch sent to the engine at once, and, while interactive requests are running
-    # for the same model, at most this many (so their steps stay small).
+    # Lines of one batch sent to the engine at once, and, while other requests (interactive ones)
+    # run on the same model, at most this many: by default none, the running lines are preempted
+    # (aborted and queued again), so a batch only fills idle capacity.
     "PAGODA_BATCH_MAX_IN_FLIGHT": 4,
-    "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": 1,
+    "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": 0,
     # A line refused for a reason that passes (a rate limit, no worker yet, a worker lost) is
     # tried again this many times in all before it fails.
     "PAGODA_BATCH_MAX_ATTEMPTS": 5,

@@ -21,6 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.utils import timezone
 
 from webapp.batches.lines import CHAT_URL, LineError, check_body
 from webapp.batches.models import BatchLine
@@ -52,6 +53,7 @@ class Running:
     outcome: Outcome = field(default_factory=Outcome)
     task: asyncio.Task | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    preempted: bool = False  # cancelled to leave the steps to interactive requests: queued again
 
 
 @dataclass
@@ -81,11 +83,24 @@ def _refusal(line: BatchLine, request_id: str, error: errors.OpenAIError, *, can
     return Ended(result=output_line(line, status_code=error.status, request_id=request_id, body=error.to_dict()))
 
 
-def line_start(*, line: BatchLine, api_key: ApiKey, can_retry: bool) -> Running | Ended:
+def key_usable(api_key: ApiKey | None) -> bool:
+    """As the API's authentication decides (apikey_get_usable), from the row as it is now."""
+    if api_key is None:
+        return False
+    api_key.refresh_from_db(fields=["is_revoked", "expires_at"])
+    expired = api_key.expires_at is not None and api_key.expires_at <= timezone.now()
+    return not (api_key.is_revoked or expired or not api_key.owner.is_active)
+
+
+def line_start(*, line: BatchLine, api_key: ApiKey | None, can_retry: bool) -> Running | Ended:
     """Admit and prepare a line as the API would; Ended when it is refused before the engine (its
-    usage record written, as the API writes one for a refused request)."""
+    usage record written, as the API writes one for a refused request; none for a key that is
+    no longer usable, as the API writes none for a request it cannot authenticate)."""
     endpoint = CHAT if line.url == CHAT_URL else COMPLETIONS
     request_id, started = new_request_id(endpoint), time.monotonic()
+    if not key_usable(api_key):
+        error = errors.invalid_api_key("The batch's API key was revoked, has expired or was deleted.")
+        return Ended(result=output_line(line, status_code=error.status, request_id=request_id, body=error.to_dict()))
     line.request_id = request_id
     line.status = BatchLine.Status.RUNNING
     line.num_attempts += 1

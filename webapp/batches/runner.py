@@ -7,8 +7,12 @@ dies leaves lines pending (run later), running (sent again: its first try never 
 never wrote its result) or done (kept). A line is tried at most PAGODA_BATCH_MAX_ATTEMPTS times.
 
 At most PAGODA_BATCH_MAX_IN_FLIGHT lines are in the engine at once, and only
-PAGODA_BATCH_MAX_IN_FLIGHT_BUSY while the model's workers hold other requests than the batch's:
-with the engine's lowest priority this keeps interactive requests' steps small.
+PAGODA_BATCH_MAX_IN_FLIGHT_BUSY (default 0) while the model's workers hold other requests than the
+batch's: lines over it are preempted (aborted, queued again, the attempt not counted), so that
+interactive requests get the engine's steps to themselves and a batch fills idle capacity. The
+engine's scheduler knows no better than that: under its default FCFS policy a running sequence is
+never set aside for a newer one, whatever its priority (BATCH_PRIORITY orders the queue only under
+the "priority" policy).
 Cancelling (status cancelling) aborts the running lines and ends the batch cancelled.
 """
 
@@ -40,6 +44,7 @@ from workers.protocol import HEARTBEAT_INTERVAL_S
 
 logger = logging.getLogger(__name__)
 OWN_WINDOW_S = 3 * HEARTBEAT_INTERVAL_S  # how stale a worker's announced counts may be
+HEARTBEAT_SLACK_S = 0.5  # lines sent or ended this close before a beat may or may not be in its count
 
 
 def batch_claim(*, batch_id: int, runner_id: str, force: bool = False) -> bool:
@@ -111,7 +116,10 @@ class Runner:
                     self.wait_all()
                     Batch.objects.filter(pk=self.batch.pk, runner_id=self.runner_id).update(runner_id="")
                     return
-                self.fill()
+                limit = self.limit()
+                if len(self.in_flight) > limit:
+                    self.preempt(limit)
+                self.fill(limit)
                 if not self.in_flight and not self.has_pending():
                     break
                 self.wait(batch_setting("PAGODA_BATCH_HEARTBEAT_S") / 2)
@@ -133,26 +141,39 @@ class Runner:
         return Batch.objects.filter(pk=self.batch.pk).values_list("status", flat=True).first()
 
     def limit(self) -> int:
-        """How many lines may be in flight now: fewer while the workers hold others' requests. The
-        workers' counts are up to a heartbeat old, so they are compared with the most lines this
-        runner had in flight over the last OWN_WINDOW_S, not with the number now."""
+        """How many lines may be in flight now: PAGODA_BATCH_MAX_IN_FLIGHT_BUSY while the model's
+        workers hold requests other than this batch's. A worker's count is as of its last
+        heartbeat, so it is compared with the most lines this runner had in flight just before it."""
         most = batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT")
-        now = time.monotonic()
+        now = time.time()
         self.own.append((now, len(self.in_flight)))
         while self.own and self.own[0][0] < now - OWN_WINDOW_S:
             self.own.popleft()
-        workers = get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name)
-        held = sum(w.stats.get("num_inflight", 0) for w in workers)
-        if held > max(n for _, n in self.own):  # someone else's requests are running: leave them the steps
-            return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY"))
-        return most
+        busy = False
+        for worker in get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name):
+            beat = worker.last_heartbeat
+            own = max((n for t, n in self.own if beat - HEARTBEAT_SLACK_S <= t <= beat), default=None)
+            if own is None:  # a beat older than what is remembered: nothing to compare with
+                own = max(n for _, n in self.own)
+            busy = busy or worker.stats.get("num_inflight", 0) > own
+        return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY")) if busy else most
+
+    def preempt(self, limit: int) -> None:
+        """Over the limit (interactive requests arrived): the newest lines are aborted and queued
+        again; their attempt does not count, the tokens they used are recorded (usage, aborted)."""
+        for running in list(self.in_flight.values())[limit:]:
+            if not running.cancelled.is_set():
+                running.preempted = True
+                running.cancelled.set()
+                if running.task is not None:
+                    self.loop.call_soon_threadsafe(running.task.cancel)
 
     def has_pending(self) -> bool:
         return self.batch.lines.filter(status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING]
                                        ).exclude(pk__in=[r.line.pk for r in self.in_flight.values()]).exists()
 
-    def fill(self) -> None:
-        room = self.limit() - len(self.in_flight)
+    def fill(self, limit: int) -> None:
+        room = limit - len(self.in_flight)
         if room <= 0:
             return
         now = time.monotonic()
@@ -187,6 +208,10 @@ class Runner:
         aborted = failure is None and future.result()
         can_retry = running.line.num_attempts < batch_setting("PAGODA_BATCH_MAX_ATTEMPTS") and not aborted
         ended = execution.line_finish(running=running, aborted=aborted, failure=failure, can_retry=can_retry)
+        if running.preempted and aborted:
+            running.line.num_attempts -= 1
+            running.line.save(update_fields=["num_attempts"])
+            ended = execution.Ended(retry_after=0.0)
         self.record(running.line, ended)
 
     def record(self, line: BatchLine, ended: execution.Ended) -> None:

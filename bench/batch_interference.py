@@ -1,0 +1,137 @@
+"""What a running batch costs interactive users: single-stream inter-token latency, idle vs while
+a Batch API job runs on the same model.
+
+Starts an embedded Pagoda (Daphne with the engine worker in the web process, as ``make run``) on
+the bundled SmolLM2 in a temporary folder, then:
+
+1. idle: ``--requests`` streamed chat completions one after another (bench/serve.py's client,
+   greedy, EOS ignored, ``--max-tokens`` each); each gives its inter-token latency
+   ((last content event - first) / (tokens - 1));
+2. batch: uploads a batch of ``--batch-lines`` chat requests (``--batch-max-tokens`` each) through
+   /v1/files and /v1/batches, waits until it runs, and sends the same interactive requests while
+   it does; the batch is cancelled afterwards (it must still be running at the end, or the run says so).
+
+and prints the p50 of both, their ratio (target: within 1.2x) and the batch lines finished meanwhile.
+The runner's limits come from --in-flight and --busy-in-flight (PAGODA_BATCH_MAX_IN_FLIGHT and
+PAGODA_BATCH_MAX_IN_FLIGHT_BUSY). The machine is shared and noisy: only the ratio of one run means
+anything, and the load average is printed with it.
+
+    .venv/bin/python bench/batch_interference.py [--requests 8] [--max-tokens 64]
+        [--batch-lines 200] [--batch-max-tokens 64] [--in-flight 4] [--busy-in-flight 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+from serve import one_request, percentile  # noqa: E402
+from serve_compare import PY, Services, free_port, prepare_workdir  # noqa: E402
+
+MODEL = "smollm2"
+PROMPTS = json.loads((Path(__file__).resolve().parent / "prompts.json").read_text())
+
+
+async def interactive(url: str, key: str, args) -> list[float]:
+    """Inter-token latencies (s) of ``args.requests`` single streams, one after another."""
+    client_args = argparse.Namespace(url=url, model=MODEL, max_tokens=args.max_tokens)
+    itls = []
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
+        for i in range(args.requests):
+            result = await one_request(http, client_args, PROMPTS[i % len(PROMPTS)])
+            if result.itl is not None:
+                itls.append(result.itl)
+    return itls
+
+
+def batch_file(args) -> bytes:
+    lines = [{"custom_id": f"bench-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[(i + 7) % len(PROMPTS)]}],
+                       "max_tokens": args.batch_max_tokens, "temperature": 0, "ignore_eos": True}}
+             for i in range(args.batch_lines)]
+    return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+def wait_running(api: openai.OpenAI, batch_id: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = api.batches.retrieve(batch_id)
+        if batch.status == "in_progress" and batch.request_counts and batch.request_counts.completed >= 1:
+            return batch
+        if batch.status not in ("validating", "in_progress"):
+            raise RuntimeError(f"batch {batch_id} is {batch.status}: {batch.errors}")
+        time.sleep(0.2)
+    raise RuntimeError(f"batch {batch_id} did not start within {timeout} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batch-lines", type=int, default=200)
+    ap.add_argument("--batch-max-tokens", type=int, default=64)
+    ap.add_argument("--in-flight", type=int, default=4)
+    ap.add_argument("--busy-in-flight", type=int, default=1)
+    args = ap.parse_args()
+    if min(args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight,
+           args.busy_in_flight) < 1:
+        ap.error("every count must be positive")
+
+    root, env, key = prepare_workdir("pagoda-batch-interference-")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with Services(root, env) as services:
+        services.spawn("daphne", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                  "webapp.config.asgi:application"],
+                       {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_BATCH_MAX_IN_FLIGHT": str(args.in_flight),
+                        "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": str(args.busy_in_flight)})
+        services.wait_ready(url)
+        asyncio.run(interactive(url, key, argparse.Namespace(requests=1, max_tokens=8)))  # warm-up
+        load_idle = os.getloadavg()[0]
+        idle = asyncio.run(interactive(url, key, args))
+
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
+        file = api.files.create(file=("bench.jsonl", io.BytesIO(batch_file(args))), purpose="batch")
+        batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+        before = wait_running(api, batch.id).request_counts.completed
+        load_batch = os.getloadavg()[0]
+        started = time.monotonic()
+        during = asyncio.run(interactive(url, key, args))
+        elapsed = time.monotonic() - started
+        after = api.batches.retrieve(batch.id)
+        still_running = after.status == "in_progress"
+        api.batches.cancel(batch.id)
+
+    p50_idle, p50_batch = percentile(idle, 50), percentile(during, 50)
+    rows = [
+        ("interactive requests x tokens", f"{args.requests} x {args.max_tokens}"),
+        ("batch lines x tokens", f"{args.batch_lines} x {args.batch_max_tokens}"),
+        ("runner in flight (idle / busy)", f"{args.in_flight} / {args.busy_in_flight}"),
+        ("inter-token p50, idle (ms)", f"{1000 * p50_idle:.1f}"),
+        ("inter-token p50, batch running (ms)", f"{1000 * p50_batch:.1f}"),
+        ("inter-token p95, idle (ms)", f"{1000 * percentile(idle, 95):.1f}"),
+        ("inter-token p95, batch running (ms)", f"{1000 * percentile(during, 95):.1f}"),
+        ("ratio of p50s (target <= 1.2)", f"{p50_batch / p50_idle:.2f}"),
+        ("batch lines done while measuring", f"{after.request_counts.completed - before} in {elapsed:.1f} s"),
+        ("batch still running at the end", "yes" if still_running else "NO: the figure is not under load"),
+        ("load average (idle / batch)", f"{load_idle:.1f} / {load_batch:.1f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print(f"Batch interference on {MODEL} (embedded server, workdir {root})")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value:>18}")
+    return 0 if still_running else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
