@@ -324,6 +324,8 @@ class EngineWorker:
                 self._fail(req.reply_to, req.request_id, error_info(exc))
             else:
                 self._inflight[req.request_id] = InFlight(req)
+                logger.info("request %s claimed by worker %s: %d prompt tokens", req.request_id,
+                            self.worker_id, len(req.prompt_token_ids), extra={"request_id": req.request_id})
 
     @staticmethod
     def _arrival_time(created_at: object) -> float:
@@ -391,6 +393,9 @@ class EngineWorker:
                         decode = metrics.finished_time - metrics.first_token_time
                 self.metrics.request_finished(out.finish_reason, e2e_s=e2e, decode_s=decode,
                                               num_output_tokens=out.num_output_tokens)
+                logger.info("request %s finished (%s): %d output tokens in %s s", out.request_id,
+                            out.finish_reason, out.num_output_tokens,
+                            "?" if e2e is None else f"{e2e:.3f}", extra={"request_id": out.request_id})
 
     def _fail_inflight(self, error: ErrorInfo) -> None:
         """Send ``error`` to every claimed request and drop it from the engine."""

@@ -23,4 +23,6 @@ class OneLineFormatter(logging.Formatter):
             message = f"{message}\n{self.formatStack(record.stack_info)}"
         message = message.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         when = self.formatTime(record, self.datefmt)
-        return f'{when} level={record.levelname} logger={record.name} msg="{message}"'
+        line = f'{when} level={record.levelname} logger={record.name} msg="{message}"'
+        request_id = getattr(record, "request_id", None)  # logger.info(..., extra={"request_id": id})
+        return line if request_id is None else f"{line} request_id={request_id}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from datetime import date, datetime, time, timedelta, timezone as dt_timezone
 from time import monotonic
 
@@ -18,6 +20,8 @@ from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_served
 from webapp.usage.models import UsageDaily, UsageRecord
 from webapp.usage.outcome import Outcome
+
+logger = logging.getLogger(__name__)
 
 
 def usage_record_create(*, request_id: str, endpoint: str, status: str, latency: float, api_key=None,
@@ -65,13 +69,18 @@ def usage_record_finish(*, request_id: str, endpoint: str, started: float, outco
         apikey_release(api_key=api_key, request_id=request_id, tokens=prompt_tokens + outcome.num_output_tokens)
     observe_api_request(model=model.slug, endpoint=endpoint, status=status, latency=latency,
                         time_to_first_token=outcome.time_to_first_token, error_code=error_code)
-    return usage_record_create(
+    record = usage_record_create(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency, api_key=api_key, user=user,
         model=model, version=modelversion_served(admitted=version, served_label=outcome.served_version),
         model_name=model.slug, prompt_tokens=prompt_tokens, completion_tokens=outcome.num_output_tokens,
         cached_prompt_tokens=outcome.num_cached_tokens, time_to_first_token=outcome.time_to_first_token,
         finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,
         end_user=end_user)
+    # The id the client got in X-Request-Id, the worker logged its lines with, and the record holds.
+    logger.info("request %s %s (%s): %s%s, %d + %d tokens in %.3f s", request_id, endpoint, model.slug, status,
+                f" {error_code}" if error_code else "", prompt_tokens, outcome.num_output_tokens, latency,
+                extra={"request_id": request_id})
+    return record
 
 
 # Roll-ups and retention: raw records become one UsageDaily row per day, key, user and model, and
