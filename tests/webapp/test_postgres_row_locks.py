@@ -1,6 +1,6 @@
 """The registry's ``select_for_update`` on PostgreSQL: concurrent changes to one model serialize.
 
-Every service that numbers or switches a model's versions (webapp.registry.services) first locks
+Every service that numbers, switches or edits a model's versions (webapp.registry.services) first locks
 the model's row. Here eight threads, each its own connection, queue behind that lock and are let
 go together (tests/postgres.py: run_behind_row_lock). Without the lock they would read the same
 next number or both keep a version active, and the database's unique constraints
@@ -14,7 +14,8 @@ import pytest
 
 from tests.postgres import run_behind_row_lock
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.services import modelversion_activate, modelversion_create, modelversion_deactivate
+from webapp.registry.services import (modelversion_activate, modelversion_create, modelversion_deactivate,
+                                      modelversion_update_settings)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -40,7 +41,7 @@ def test_concurrent_registrations_of_one_model_get_distinct_consecutive_numbers(
     assert model.versions.count() == NUM_THREADS
 
 
-def test_concurrent_activations_of_one_model_leave_exactly_one_version_active(checkpoint):
+def test_concurrent_activations_and_edits_of_one_model_leave_at_most_one_version_active(checkpoint):
     model = Model.objects.create(slug="switched")
     versions = [ModelVersion.objects.create(model=model, number=n, path=str(checkpoint), format="hf",
                                             status=ModelVersion.Status.INACTIVE, tokenizer_dir=str(checkpoint))
@@ -50,11 +51,14 @@ def test_concurrent_activations_of_one_model_leave_exactly_one_version_active(ch
         version = ModelVersion.objects.get(pk=versions[i % len(versions)].pk)
         if i == NUM_THREADS - 1:
             return modelversion_deactivate(version=version).status
+        if i == NUM_THREADS - 2:
+            return modelversion_update_settings(version=version, engine_settings={"max_num_seqs": 4}).engine_settings
         return modelversion_activate(version=version).status
 
     results = run_behind_row_lock(MODEL_TABLE, model.pk, NUM_THREADS, switch)
-    assert results.count(ModelVersion.Status.ACTIVE) == NUM_THREADS - 1, results
-    assert results[-1] == ModelVersion.Status.INACTIVE
+    assert results.count(ModelVersion.Status.ACTIVE) == NUM_THREADS - 2, results
+    assert results[-2:] == [{"max_num_seqs": 4}, ModelVersion.Status.INACTIVE]
+    assert ModelVersion.objects.get(pk=versions[(NUM_THREADS - 2) % 4].pk).engine_settings == {"max_num_seqs": 4}
     active = list(model.versions.filter(status=ModelVersion.Status.ACTIVE))
     assert len(active) <= 1  # the deactivation may have come last and switched the model off
     winner = max((v for v in model.versions.all() if v.activated_at), key=lambda v: v.activated_at)
