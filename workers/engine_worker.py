@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.config import EngineConfig
+from engine.config import SETTINGS, EngineConfig
 from engine.distributed.parallel_state import RankLostError
 from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
@@ -133,7 +133,9 @@ class EngineWorker:
             worker_id=self.worker_id, model=self.model, version=self.version,
             host=socket.gethostname(), pid=os.getpid(), started_at=self.started_at,
             last_heartbeat=time.time(), max_num_seqs=self.config.max_num_seqs,
-            max_model_len=engine.max_model_len if engine else 0, stats=self._stats,
+            max_model_len=engine.max_model_len if engine else 0,
+            # the effective engine settings (defaults, pagoda.yaml, the version's, the environment's)
+            stats={**self._stats, "engine_settings": {s.name: getattr(self.config, s.name) for s in SETTINGS}},
             draining=not self.accepting, healthy=engine.is_healthy if engine else True)
 
     # ----------------------------------------------------------------- lifecycle

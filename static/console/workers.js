@@ -15,7 +15,27 @@
     return td;
   }
 
+  // The effective engine settings, folded; a fold left open stays open across refreshes.
+  function settingsCell(settings, isOpen) {
+    const td = document.createElement("td");
+    td.className = "engine-settings";
+    const details = document.createElement("details");
+    details.open = isOpen;
+    const summary = document.createElement("summary");
+    summary.textContent = "effective";
+    details.appendChild(summary);
+    for (const [name, value] of Object.entries(settings)) {
+      const code = document.createElement("code");
+      code.textContent = name + "=" + (value === null ? "None" : String(value));
+      details.append(code, document.createElement("br"));
+    }
+    td.appendChild(details);
+    return td;
+  }
+
   function render(data) {
+    const openRows = new Set([...body.querySelectorAll("tr")].filter((tr) => tr.querySelector("details[open]"))
+      .map((tr) => tr.dataset.worker));
     body.replaceChildren();
     for (const w of data.workers) {
       const tr = document.createElement("tr");
@@ -25,12 +45,13 @@
        w.heartbeat_age_s + " s ago", w.num_running, w.num_waiting, pct(w.kv_cache_usage),
        pct(w.prefix_cache_hit_rate), w.tokens_per_s.toFixed(1), secs(w.ttft_p50), secs(w.ttft_p95),
        secs(w.itl_p50), secs(w.itl_p95)].forEach((v) => tr.appendChild(cell(String(v))));
+      tr.appendChild(settingsCell(w.engine_settings || {}, openRows.has(w.worker_id)));
       body.appendChild(tr);
     }
     if (!data.workers.length) {
       const tr = document.createElement("tr");
       const td = cell("No workers.");
-      td.colSpan = 16;
+      td.colSpan = 17;
       tr.appendChild(td);
       body.appendChild(tr);
     }

@@ -124,3 +124,28 @@ def test_a_worker_process_refuses_an_unknown_key_naming_it_and_the_file(tmp_path
                             timeout=120, env={**os.environ, "PAGODA_CONFIG": path})
     assert result.returncode == 2
     assert f"{path}: engine.batch_timeout_ms: unknown engine setting" in result.stderr
+
+
+@pytest.mark.django_db
+def test_the_console_workers_page_shows_the_effective_values(client, tiny_llama_dir, tmp_path, monkeypatch):
+    from django.contrib.auth import get_user_model
+
+    from workers import embedded
+
+    monkeypatch.setenv("PAGODA_CONFIG", write(tmp_path, "engine:\n  max_num_seqs: 5\n  block_size: 32\n"))
+    monkeypatch.setenv("PAGODA_ENGINE_ENABLE_PREFIX_CACHING", "false")
+    embedded.start_embedded_worker("yaml-console", "1", str(tiny_llama_dir),
+                                   {"num_kv_blocks": 16, "max_model_len": 256, "max_num_seqs": 7})
+    try:
+        assert embedded.wait_for_embedded_worker("yaml-console", timeout=60)
+        client.force_login(get_user_model().objects.create_user("staff", password="pw", is_staff=True))
+        page = client.get("/console/workers/").content.decode()
+        rows = client.get("/console/workers.json").json()["workers"]
+    finally:
+        embedded.stop_embedded_workers(drain_timeout=5)
+    (row,) = [r for r in rows if r["model"] == "yaml-console"]
+
+    assert {k: row["engine_settings"][k] for k in ("max_num_seqs", "block_size", "enable_prefix_caching",
+                                                   "max_model_len")} == {
+        "max_num_seqs": 7, "block_size": 32, "enable_prefix_caching": False, "max_model_len": 256}
+    assert "<code>block_size=32</code>" in page and "<code>enable_prefix_caching=False</code>" in page

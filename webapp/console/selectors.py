@@ -33,6 +33,7 @@ def _row(info: WorkerInfo, state: str, now: float) -> dict:
         "pid": info.pid, "state": state, "draining": info.draining,
         "uptime_s": round(now - info.started_at, 1), "heartbeat_age_s": round(now - info.last_heartbeat, 1),
         **worker_figures(info.stats),
+        "engine_settings": (info.stats or {}).get("engine_settings") or {},  # effective, as it serves
     }
 
 
