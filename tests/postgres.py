@@ -55,9 +55,10 @@ def skip_other_vendors(items: list[pytest.Item]) -> None:
 def postgres_server():
     """A PostgreSQL server of the test session's own (deploy.stack.postgres.PostgresServer, started;
     ``.url`` is its DATABASE_URL), stopped and removed at the end."""
-    if shutil.which("initdb") is None:
-        pytest.skip("PostgreSQL's initdb is not on PATH")
-    from deploy.stack.postgres import PostgresServer
+    from deploy.stack.postgres import PostgresServer, find_binary
+
+    if find_binary("initdb") is None:
+        pytest.skip("PostgreSQL's initdb is not installed")
 
     root = Path(tempfile.mkdtemp(prefix="pagoda-test-postgres-"))  # /tmp: reachable by the postgres account
     server = PostgresServer(root)

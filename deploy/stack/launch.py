@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.stack.postgres import PostgresServer
+from deploy.stack.postgres import PostgresServer, find_binary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROCFILE = Path(__file__).resolve().with_name("Procfile")
@@ -103,7 +103,7 @@ def bootstrap(args: argparse.Namespace, server: PostgresServer, env: dict[str, s
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for tool in (REDIS_SERVER, "initdb", "pg_ctl", "postgres"):
-        if shutil.which(tool) is None:
+        if (shutil.which(tool) if tool == REDIS_SERVER else find_binary(tool)) is None:
             sys.exit(f"stack: {tool} is not installed (Debian: redis-server, postgresql-15)")
     root = args.dir.resolve()
     for folder in ("redis", "run", "data"):

@@ -58,10 +58,22 @@ def _owner() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root and there is no 'postgres' or 'nobody' account to run PostgreSQL as")
 
 
+def find_binary(name: str) -> str | None:
+    """``name`` on PATH, else in the newest /usr/lib/postgresql/<version>/bin (where Debian puts
+    the server binaries, off PATH); None when neither has it."""
+    found = shutil.which(name)
+    if found is None:
+        versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                          if p.parent.name.isdigit() else 0)
+        found = next((str(d / name) for d in reversed(versions) if (d / name).is_file()), None)
+    return found
+
+
 def _binary(name: str) -> str:
-    path = shutil.which(name)
+    path = find_binary(name)
     if path is None:
-        raise RuntimeError(f"{name} is not on PATH: install PostgreSQL's server binaries (Debian: postgresql-15)")
+        raise RuntimeError(f"{name} is not on PATH nor in /usr/lib/postgresql/*/bin: install PostgreSQL's "
+                           "server binaries (Debian: postgresql-15)")
     return path
 
 

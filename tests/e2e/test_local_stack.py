@@ -27,11 +27,13 @@ import psycopg
 import pytest
 import redis
 
+from deploy.stack.postgres import find_binary
 from tests.e2e.sites import READYZ_TOKEN, REPO_ROOT, TINY_SETTINGS, Site, free_port
 from workers.protocol import Reply
 from workers.redis_transport import RedisEngineClient, reply_stream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(find_binary("initdb") is None, reason="PostgreSQL's initdb is not installed")]
 
 MODEL = "tiny"
 PROMPT = "Once upon a time"

@@ -5,7 +5,6 @@ CMD did: succeeded, failed, or was interrupted."""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -14,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("initdb") is None, reason="PostgreSQL's initdb is not on PATH")
+from deploy.stack.postgres import find_binary
+
+pytestmark = pytest.mark.skipif(find_binary("initdb") is None, reason="PostgreSQL's initdb is not installed")
 
 RUN = [sys.executable, "-m", "deploy.stack.postgres", "run", "--"]
 READY = re.compile(r"PostgreSQL (postgres://\S+:(\d+)/pagoda) ready in [\d.]+ s \(folder (\S+)\)")
