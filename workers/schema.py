@@ -1,5 +1,5 @@
 """The engine's torch-free schemas, as the web process reads them: engine settings, sampling
-limits, bundled models and the errors they raise.
+limits, bundled models, the memory estimate and the errors they raise.
 
 The webapp imports these from here, never from ``engine`` itself, so the web side's one door
 into the engine stays ``workers/``; every name comes from a module that loads no torch
@@ -9,6 +9,7 @@ into the engine stays ``workers/``; every name comes from a module that loads no
 from engine.bundled import BUNDLED_MODELS, DEFAULT_BUNDLED_MODEL, bundled_model_path
 from engine.config import CONVERT_DTYPES, SETTINGS_BY_NAME, check_settings
 from engine.errors import InvalidParameterError, ModelLoadError
+from engine.estimate import estimate_memory
 from engine.sampling_params import MAX_INT32, SAMPLING_LIMITS, Limit
 from engine.structured.spec import structured_grammar
 

@@ -18,3 +18,26 @@
   }
   poll();
 })();
+
+// The memory estimate of each version's settings form, for the values being edited.
+(function () {
+  for (const line of document.querySelectorAll(".memory-estimate")) {
+    const form = line.closest("form"), out = line.querySelector("small");
+    let timer = null;
+    async function update() {
+      const params = new URLSearchParams(new FormData(form));
+      params.delete("csrfmiddlewaretoken");
+      try {
+        const response = await fetch(line.dataset.url + "?" + params, {credentials: "same-origin"});
+        const data = await response.json();
+        out.textContent = data.ok ? "Memory: " + data.text : "Memory: cannot estimate: " + data.error;
+      } catch (err) {
+        out.textContent = "Memory: estimate unavailable";
+      }
+    }
+    const later = () => { clearTimeout(timer); timer = setTimeout(update, 300); };
+    form.addEventListener("input", later);
+    form.addEventListener("change", later);
+    line.closest("details").addEventListener("toggle", (e) => { if (e.target.open) update(); });
+  }
+})();

@@ -11,7 +11,7 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from workers.schema import SETTINGS_BY_NAME
+from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadError, estimate_memory
 from webapp.console.access import staff_required
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
@@ -218,3 +218,18 @@ def version_update_settings(request, version_id: int):
                                      engine_settings=settings_from_form(request.POST, version.engine_settings))
 
     return _version_write(request, version_id, "save the engine settings of", save, _settings_saved)
+
+
+@staff_required
+def version_estimate(request, version_id: int):
+    """The memory the version needs with the settings being edited (the form's fields as query
+    parameters, over its saved settings): engine/estimate.py, from the checkpoint's headers."""
+    version = get_object_or_404(ModelVersion, pk=version_id)
+    try:
+        settings = settings_from_form(request.GET, dict(version.engine_settings))
+        estimate = estimate_memory(version.path, settings)
+    except ValidationError as exc:
+        return JsonResponse({"ok": False, "error": _message(exc)}, status=400)
+    except (InvalidParameterError, ModelLoadError) as exc:
+        return JsonResponse({"ok": False, "error": str(exc)}, status=400)
+    return JsonResponse({"ok": True, "text": estimate.describe(), **estimate.as_dict()})

@@ -25,6 +25,8 @@ urlpatterns += [
     path("models/versions/<int:version_id>/delete/", model_views.version_delete, name="version-delete"),
     path("models/versions/<int:version_id>/settings/", model_views.version_update_settings,
          name="version-update-settings"),
+    path("models/versions/<int:version_id>/estimate.json", model_views.version_estimate,
+         name="version-estimate"),
 ]
 
 # The keys page (webapp/console/keys_views.py).
