@@ -139,7 +139,7 @@ OUTAGES = [(when, stream) for when in ("before admission", "after admission") fo
 async def test_an_outage_is_shed_fast_with_one_record_and_requests_succeed_once_redis_is_back(
         api_key, store, own_redis, monkeypatch, when, stream):
     key, raw = api_key
-    running_name = f"outage:s:{enforcement._names(key)[2]}"
+    running_name = f"outage:{{s:{enforcement._names(key)[2]}}}"
     real_admit = views.generation_admit
     if when == "before admission":
         kill(own_redis)
@@ -196,7 +196,7 @@ async def test_an_outage_during_the_generation_still_records_it_settles_the_budg
 
     monkeypatch.setattr(generation, "generation_prepare", real_prepare)
     own_redis.start()
-    assert raw_count(own_redis, f"outage:s:{running_name}") == 1  # still held in Redis
+    assert raw_count(own_redis, f"outage:{{s:{running_name}}}") == 1  # still held in Redis
     await asyncio.sleep(0.2)
 
     assert await sync_to_async(apikey_running_requests)(api_key=key) == 0  # replayed on the first call

@@ -17,7 +17,8 @@ The budget's reservation is a conditional UPDATE of the subject's row
 TokenReservation row naming the request: atomic across every web process (the database decides,
 Postgres re-checks the condition on the locked row, SQLite serializes writers), and the budget
 stays where its spent tokens are, in the database, so losing Redis cannot reset it. A process that
-dies mid-request leaves its row; such rows, older than SLOT_TTL_S, are given back when a budget
+dies mid-request leaves its row; a row whose process has no lease any more (webapp.keys.leases:
+killed, or a previous run of the server) or older than SLOT_TTL_S is given back when a budget
 looks full (the only moment they matter). A request refused at any step takes nothing.
 
 The limit store unreachable (Redis down in distributed mode): ``limits_admit`` and
@@ -116,14 +117,15 @@ def _utc(now: float) -> datetime:
     return datetime.fromtimestamp(now, tz=dt_timezone.utc)
 
 
-@transaction.atomic
 def _budget_reserve(subject: Subject, request_id: str, tokens: int, now: float) -> bool:
-    taken = type(subject).objects.filter(
-        pk=subject.pk, token_budget__gte=F("tokens_used") + F("tokens_reserved") + tokens,
-    ).update(tokens_reserved=F("tokens_reserved") + tokens)
-    if taken:
-        TokenReservation.objects.create(request_id=request_id, tokens=tokens, created_at=_utc(now),
-                                        **_reservation_owner(subject))
+    process = get_limit_store().lease()  # before the row names it (LimitStoreUnavailable: nothing taken)
+    with transaction.atomic():
+        taken = type(subject).objects.filter(
+            pk=subject.pk, token_budget__gte=F("tokens_used") + F("tokens_reserved") + tokens,
+        ).update(tokens_reserved=F("tokens_reserved") + tokens)
+        if taken:
+            TokenReservation.objects.create(request_id=request_id, tokens=tokens, created_at=_utc(now),
+                                            process_id=process, **_reservation_owner(subject))
     return bool(taken)
 
 
@@ -140,8 +142,13 @@ def _budget_give_back(subject: Subject, request_id: str, tokens_used: int) -> No
 
 
 def _sweep_stale_reservations(subject: Subject, now: float) -> int:
-    stale = list(TokenReservation.objects.filter(created_at__lt=_utc(now - SLOT_TTL_S), **_reservation_owner(subject))
-                 .values_list("request_id", flat=True))
+    """Give back the reservations nobody will settle: their process lost its lease, or they are
+    older than any request may run. Returns how many."""
+    rows = list(TokenReservation.objects.filter(**_reservation_owner(subject))
+                .values_list("request_id", "process_id", "created_at"))
+    alive = get_limit_store().processes_alive({p for _, p, _ in rows if p})
+    oldest = _utc(now - SLOT_TTL_S)
+    stale = [r for r, p, at in rows if at < oldest or (p and p not in alive)]
     for request_id in stale:
         _budget_give_back(subject, request_id, 0)
     return len(stale)

@@ -13,8 +13,11 @@ check side by side:
   count, at most what it reserved); ``window_cancel(name, holder)`` removes it (a refused request).
 - ``window_total(name, now)``: what the last WINDOW_S seconds hold.
 - ``slot_take(name, holder, limit, now)`` / ``slot_release(name, holder)`` / ``slot_count(name)``:
-  a concurrency slot (or a chat socket) held by one holder. Taking it again refreshes it. Slots
-  expire after SLOT_TTL_S so a crashed process cannot leak them.
+  a concurrency slot (or a chat socket) held by one holder. Taking it again refreshes it. A slot
+  names the process that took it (webapp.keys.leases): a full set first drops the slots of
+  processes whose lease has lapsed (killed web processes), and every slot expires after SLOT_TTL_S.
+- ``lease()``: this process's id, its lease renewed; ``processes_alive(ids)``: which of these
+  process ids hold a lease (budget reservations name their process with them).
 
 Redis unreachable (down, restarting, a partition; RedisLimitStore only): an operation that takes
 something (``window_reserve``, ``window_total``, ``slot_take``, ``slot_count``) raises
@@ -40,6 +43,8 @@ import time
 from collections import defaultdict, deque
 
 from django.conf import settings
+
+from webapp.keys.leases import LEASE_PREFIX, RedisLease, process_id
 
 logger = logging.getLogger(__name__)
 WINDOW_S = 60
@@ -117,6 +122,13 @@ class MemoryLimitStore:
         with self._lock:
             return len(self._slots[name])
 
+    def lease(self) -> str:
+        return process_id()
+
+    def processes_alive(self, processes: set[str]) -> set[str]:
+        """The only web process of embedded mode is this one: any other id is a run that ended."""
+        return processes & {process_id()}
+
 
 # KEYS[1] sorted set holder -> taken-at, KEYS[2] hash holder -> amount; ARGV: holder, amount, limit,
 # now, window. Returns "ok", or the seconds to wait as a string (Lua numbers become integers in
@@ -165,14 +177,27 @@ for _, h in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 return used
 """
-# KEYS[1] sorted set holder -> taken-at; ARGV: holder, limit, now, ttl. 1 when held, 0 when full.
+# KEYS[1] sorted set holder -> taken-at, KEYS[2] hash holder -> process id; ARGV: holder, limit,
+# now, ttl, process id, lease key prefix. 1 when held, 0 when full. When the set is full, the
+# slots of processes without a lease (webapp.keys.leases) are dropped before it is judged full;
+# the lease keys are built here (one Redis, not a cluster: they are not declared as KEYS).
 _TAKE_SLOT = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  return 0
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not held and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  for _, h in ipairs(redis.call('HKEYS', KEYS[2])) do
+    local p = redis.call('HGET', KEYS[2], h)
+    if not redis.call('ZSCORE', KEYS[1], h) or redis.call('EXISTS', ARGV[6] .. p) == 0 then
+      redis.call('ZREM', KEYS[1], h)
+      redis.call('HDEL', KEYS[2], h)
+    end
+  end
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
@@ -188,6 +213,7 @@ class RedisLimitStore:
         self._settle = self._redis.register_script(_WINDOW_SETTLE)
         self._total = self._redis.register_script(_WINDOW_TOTAL)
         self._take_slot = self._redis.register_script(_TAKE_SLOT)
+        self._lease = RedisLease(self._redis)
         self._down_until = 0.0  # time.monotonic() before which Redis is taken as unreachable
         self._deferred: deque = deque(maxlen=MAX_DEFERRED)  # give-backs to replay: (function, args)
         self._deferred_lock = threading.Lock()
@@ -258,20 +284,33 @@ class RedisLimitStore:
     def window_total(self, name: str, now: float) -> int:
         return self._call(self._do_window_total, name, now)
 
+    def _slot_keys(self, name: str) -> list[str]:
+        return [f"{self._prefix}{{s:{name}}}", f"{self._prefix}{{s:{name}}}:process"]
+
     def _do_slot_take(self, name, holder, limit, now):
-        return bool(self._take_slot(keys=[f"{self._prefix}s:{name}"], args=[holder, limit, repr(now), SLOT_TTL_S]))
+        process = self._lease.hold()  # renewed before the slot names it
+        return bool(self._take_slot(keys=self._slot_keys(name),
+                                    args=[holder, limit, repr(now), SLOT_TTL_S, process, LEASE_PREFIX]))
 
     def slot_take(self, name: str, holder: str, limit: int, now: float) -> bool:
         return self._call(self._do_slot_take, name, holder, limit, now)
 
     def _do_slot_release(self, name, holder):
-        self._redis.zrem(f"{self._prefix}s:{name}", holder)
+        slots, processes = self._slot_keys(name)
+        with self._redis.pipeline() as pipe:  # MULTI/EXEC
+            pipe.zrem(slots, holder).hdel(processes, holder).execute()
 
     def slot_release(self, name: str, holder: str) -> None:
         self._give_back(self._do_slot_release, name, holder)
 
     def slot_count(self, name: str) -> int:
-        return self._call(lambda: int(self._redis.zcard(f"{self._prefix}s:{name}")))
+        return self._call(lambda: int(self._redis.zcard(self._slot_keys(name)[0])))
+
+    def lease(self) -> str:
+        return self._call(self._lease.hold)
+
+    def processes_alive(self, processes: set[str]) -> set[str]:
+        return self._call(self._lease.alive, processes)
 
 
 _store = None

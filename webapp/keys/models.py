@@ -94,10 +94,12 @@ class ChatLimits(m.Model):
 class TokenReservation(m.Model):
     """The worst case of one running request, held against its key's or user's token budget until
     the request ends (then its real count is charged). A process that dies leaves its row behind:
-    rows older than limits.SLOT_TTL_S are given back the next time the budget looks full."""
+    rows of a process without a lease, or older than limits.SLOT_TTL_S, are given back the next
+    time the budget looks full."""
 
     request_id = m.CharField(max_length=64, unique=True)
     tokens = m.PositiveBigIntegerField()
     api_key = m.ForeignKey(ApiKey, null=True, blank=True, on_delete=m.CASCADE, related_name="reservations")
     chat_limits = m.ForeignKey(ChatLimits, null=True, blank=True, on_delete=m.CASCADE, related_name="reservations")
     created_at = m.DateTimeField(db_index=True)
+    process_id = m.CharField(max_length=128, blank=True)  # webapp.keys.leases: who gives it back

@@ -178,6 +178,9 @@ PAGODA_DRAIN_TIMEOUT = _SERVING["drain_timeout_s"]
 PAGODA_MAX_QUEUED_PER_MODEL = _SERVING["max_queued_per_model"]
 PAGODA_QUEUE_TIMEOUT_S = _SERVING["queue_timeout_s"]
 PAGODA_REQUEST_TIMEOUT_S = _SERVING["request_timeout_s"]
+# A killed web process's concurrency slots and budget reservations are taken back once its lease,
+# renewed every few seconds while it lives, has been silent this long (webapp/keys/leases.py).
+PAGODA_LEASE_TTL_S = float(os.environ.get("PAGODA_LEASE_TTL_S", "30"))
 # /readyz names the failing check only to staff, or to a probe sending this in X-Readyz-Token.
 PAGODA_READYZ_TOKEN = os.environ.get("PAGODA_READYZ_TOKEN", "")
 from celery.schedules import crontab  # noqa: E402
