@@ -44,7 +44,7 @@ OUTSIDE = [
     ("seed", 2**64), ("seed", -2**63 - 1), ("seed", 10**300), ("top_k", 2**31), ("top_k", -2),
     ("max_tokens", 2**31), ("max_tokens", 0), ("temperature", 2.01), ("temperature", -0.1), ("top_p", 0),
     ("top_p", 1.5), ("min_p", 1.1), ("repetition_penalty", 0), ("repetition_penalty", 10.5),
-    ("presence_penalty", 2.5), ("frequency_penalty", -3), ("priority", 2**31), ("n", 2),
+    ("presence_penalty", 2.5), ("frequency_penalty", -3), ("priority", 2**31), ("n", 17), ("n", 0),
     ("max_completion_tokens", 2**31), ("top_k", "40"), ("seed", 1.5), ("temperature", True),
     ("stop", ["x" * 1025]), ("stop", ["s"] * 17), ("user", "u" * 257), ("model", "m" * 201),
     ("temperature", float("inf")), ("max_tokens", float("nan")),
