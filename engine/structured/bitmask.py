@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+PARALLEL_FILL_ROWS = 8  # constrained rows from which the mask fill runs on llguidance's threads
+
 
 def fill_bitmask(grammars: list) -> tuple[list[int], torch.Tensor]:
     """(rows [R] of ``grammars`` that are constrained, their masks [R, ceil(V/32)] int32 on the host)."""
@@ -18,10 +20,15 @@ def fill_bitmask(grammars: list) -> tuple[list[int], torch.Tensor]:
     compiler = grammars[rows[0]].compiler
     words = (compiler.vocab_size + 31) // 32
     bitmask = torch.empty((len(rows), words), dtype=torch.int32)  # [R, W]
-    # llguidance's pool writes row k's mask at data_ptr + k * row bytes (llguidance.torch's
-    # fill_next_token_bitmask_par, without importing that module: it loads torch.compile, ~3 s)
-    compiler.mask_executor().unsafe_compute_mask_ptr(
-        [(grammars[row].matcher, k) for k, row in enumerate(rows)], bitmask.data_ptr(), words * 4, len(rows))
+    # Row k's mask is written at data_ptr + k * row bytes. Few rows are filled here, serially
+    # (tens of us each); more go to llguidance's thread pool, whose threads only pay off then.
+    # (llguidance.torch wraps both, but importing it loads torch.compile: ~3 s.)
+    if len(rows) < PARALLEL_FILL_ROWS:
+        for k, row in enumerate(rows):
+            grammars[row].matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + k * words * 4, words * 4)
+    else:
+        compiler.mask_executor().unsafe_compute_mask_ptr(
+            [(grammars[row].matcher, k) for k, row in enumerate(rows)], bitmask.data_ptr(), words * 4, len(rows))
     return rows, bitmask
 
 

@@ -133,3 +133,21 @@ def test_bitmask_sets_exactly_the_disallowed_tokens_of_constrained_rows_to_minus
     assert torch.equal(out, expected)
     assert torch.equal(logits[1], logits[1])  # the input is not modified
     assert not torch.isinf(logits).any()
+
+
+def test_the_parallel_mask_fill_of_many_rows_equals_filling_each_row_alone(tiny):
+    from engine.structured.bitmask import PARALLEL_FILL_ROWS, fill_bitmask
+
+    compiler = tiny.engine.scheduler.grammars
+    grammar = SamplingParams(structured_outputs={"json": SCHEMAS["array_enum"]}).grammar
+    grammars = [compiler.submit(grammar) for _ in range(PARALLEL_FILL_ROWS + 1)]
+    prefix = tiny.tokenizer.encode('{"tags": ["red", "blue"], "status": "', add_special_tokens=False)
+    for i, g in enumerate(grammars):
+        g.wait(30)
+        assert g.ready
+        g.replay(prefix[:i])  # each row at its own point of the document
+    rows, together = fill_bitmask(grammars + [None])
+    assert rows == list(range(len(grammars)))
+    alone = torch.cat([fill_bitmask([g])[1] for g in grammars])
+    assert torch.equal(together, alone)
+    assert len({tuple(r.tolist()) for r in alone}) > 3  # the rows really differ
