@@ -247,7 +247,7 @@ def test_a_request_in_flight_on_a_killed_web_process_gives_its_concurrency_slot_
     then takes the slot back for the key's next request (webapp/keys/leases.py), not after an hour."""
     key = stack.key(max_concurrent_requests=1)
     chunks = iter(stack.client(0, key).completions.create(**LONG, stream=True))
-    first = first_text_chunk(chunks)
+    first_text_chunk(chunks)  # streaming from web1 when the kill lands
     killed = stack.pid("web1")
     os.kill(killed, signal.SIGKILL)
     killed_at = time.monotonic()
