@@ -120,3 +120,24 @@ def test_n_out_of_range_is_refused_naming_n(tiny):
             tiny.engine.add_request(f"bad-{bad!r}", PROMPT, SEEDED, n=bad)
         assert exc.value.param == "n"
     assert not tiny.engine.has_unfinished_requests()
+
+
+def test_a_sample_that_fails_fails_its_request_alone_and_frees_every_block(tiny):
+    engine = tiny.engine
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    [want] = tiny.generate([[7, 8, 9]], greedy)
+    engine.add_request("grp", PROMPT, SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True), n=3)
+    engine.add_request("solo", [7, 8, 9], greedy)
+    outs = engine.step() + engine.step()  # forked; every sample has its first token
+
+    def broken(token_ids):
+        raise RuntimeError("injected detokenizer fault")
+    engine._requests["grp#1"].detokenizer.add_tokens = broken
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+
+    grp = [o for o in outs if o.request_id == "grp"]
+    assert [o.finish_reason for o in grp if o.finish_reason] == ["error"]
+    assert grp[-1].finished and grp[-1].index == 1 and grp[-1].error
+    assert [t for o in outs if o.request_id == "solo" for t in o.token_ids_delta] == want.token_ids
+    engine.block_manager.check_all_free()
