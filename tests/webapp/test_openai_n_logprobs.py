@@ -107,7 +107,10 @@ async def test_streamed_n_2_completions_name_each_choice_and_add_up_to_the_unstr
     assert [texts[0], texts[1]] == [w.text for w in want]
     finishes = [c["choices"][0]["index"] for c in chunks[:-1] if c["choices"][0]["finish_reason"]]
     assert sorted(finishes) == [0, 1]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 20
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] == 20
+    assert usage["prompt_tokens"] == len(reference.engine.encode_prompt(prompt))  # the prompt once
+    assert isinstance(usage["prompt_tokens_details"]["cached_tokens"], int)  # completions report it too
 
 
 @pytest.mark.django_db(transaction=True)
