@@ -17,7 +17,7 @@ PAGODA_BATCH_MAX_IN_FLIGHT_BUSY). The machine is shared and noisy: only the rati
 anything, and the load average is printed with it.
 
     .venv/bin/python bench/batch_interference.py [--requests 8] [--max-tokens 64]
-        [--batch-lines 200] [--batch-max-tokens 64] [--in-flight 4] [--busy-in-flight 1]
+        [--batch-lines 200] [--batch-max-tokens 64] [--in-flight 4] [--busy-in-flight 0]
 """
 
 from __future__ import annotations
@@ -81,11 +81,11 @@ def main() -> int:
     ap.add_argument("--batch-lines", type=int, default=200)
     ap.add_argument("--batch-max-tokens", type=int, default=64)
     ap.add_argument("--in-flight", type=int, default=4)
-    ap.add_argument("--busy-in-flight", type=int, default=1)
+    ap.add_argument("--busy-in-flight", type=int, default=0)
     args = ap.parse_args()
-    if min(args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight,
-           args.busy_in_flight) < 1:
-        ap.error("every count must be positive")
+    if min(args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight) < 1 \
+            or args.busy_in_flight < 0:
+        ap.error("every count must be positive (--busy-in-flight may be 0)")
 
     root, env, key = prepare_workdir("pagoda-batch-interference-")
     port = free_port()

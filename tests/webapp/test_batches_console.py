@@ -69,3 +69,19 @@ def test_batch_and_file_objects_have_exactly_the_openai_types_fields(batch):
     assert parsed.status == "completed" and parsed.request_counts.completed == 3
     assert parsed.usage.total_tokens == 0 and parsed.output_file_id == batch.output_file.public_id
     assert openai.types.FileObject.model_validate(as_file).purpose == "batch"
+
+
+def test_batches_list_pages_newest_first_with_after_and_limit(client, batch):
+    _, raw = apikey_create(owner=batch.owner, name="more")
+    newer = [Batch.objects.create(owner=batch.owner, input_file_public_id="file-x", endpoint="/v1/completions",
+                                  expires_at=timezone.now()) for _ in range(2)]
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+    first = client.get("/v1/batches?limit=2", **headers).json()
+    rest = client.get(f"/v1/batches?limit=2&after={first['last_id']}", **headers).json()
+    bad = client.get("/v1/batches?limit=101", **headers)
+
+    assert [b["id"] for b in first["data"]] == [newer[1].public_id, newer[0].public_id] and first["has_more"]
+    assert [b["id"] for b in rest["data"]] == [batch.public_id] and not rest["has_more"]
+    assert first["object"] == "list" and first["first_id"] == newer[1].public_id
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"

@@ -86,5 +86,13 @@ class BatchCreateSerializer(serializers.Serializer):
 
 
 class PageSerializer(serializers.Serializer):
+    """GET v1/batches: OpenAI's 1..100 (default 20)."""
+
     after = serializers.CharField(required=False, max_length=40)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+
+
+class FilePageSerializer(PageSerializer):
+    """GET v1/files: OpenAI's 1..10,000 (default 10,000)."""
+
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=10_000, default=10_000)

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.batches.conf import batch_setting
-from webapp.batches.lines import read_lines
+from webapp.batches.lines import LineError, read_lines
 from webapp.batches.models import Batch, BatchFile
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
@@ -31,8 +31,6 @@ def file_create(*, api_key: ApiKey, filename: str, content: bytes, purpose: str 
                                  param="file", code="file_too_large")
     num_lines = 0
     if purpose == BatchFile.Purpose.BATCH:
-        from webapp.batches.lines import LineError
-
         try:
             num_lines = len(read_lines(content, max_lines=batch_setting("PAGODA_BATCH_MAX_LINES")))
         except LineError as exc:

@@ -9,8 +9,8 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from webapp.batches import selectors, services
-from webapp.batches.serializers import (BatchCreateSerializer, FileUploadSerializer, PageSerializer, batch_object,
-                                        file_object, list_page)
+from webapp.batches.serializers import (BatchCreateSerializer, FilePageSerializer, FileUploadSerializer,
+                                        PageSerializer, batch_object, file_object, list_page)
 from webapp.openai_api import errors
 from webapp.openai_api.views import OpenAIApiView
 
@@ -36,7 +36,7 @@ class FileCollectionApi(OpenAIApiView):
         return Response(file_object(file))
 
     def get(self, request):
-        page = validated(PageSerializer, request.query_params)
+        page = validated(FilePageSerializer, request.query_params)
         files, has_more = selectors.file_list(owner=request.user, purpose=request.query_params.get("purpose"),
                                               after=page.get("after"), limit=page["limit"])
         return Response(list_page([file_object(f) for f in files], has_more=has_more))
