@@ -28,7 +28,11 @@ def worker_live(model: str) -> bool:
     from workers.connect import get_engine_client
 
     host = socket.gethostname()
-    return any(w.host == host for w in get_engine_client(os.environ["REDIS_URL"]).live_workers(model))
+    try:
+        return any(w.host == host for w in get_engine_client(os.environ["REDIS_URL"]).live_workers(model))
+    except Exception as exc:  # Redis away: not healthy, said in one line rather than a traceback
+        print(f"cannot read the workers from Redis: {exc}", file=sys.stderr)
+        return False
 
 
 def main(argv: list[str]) -> int:

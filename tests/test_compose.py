@@ -141,3 +141,29 @@ def test_bootstrap_migrates_registers_the_bundled_model_and_creates_the_admin_on
                                 "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])})
     assert check.stdout.strip() == "True", check.stderr
 
+
+
+def _healthcheck(*args: str, redis_url: str = "redis://127.0.0.1:1/0") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "deploy/healthcheck.py", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "REDIS_URL": redis_url})
+
+
+def test_the_worker_health_check_wants_a_fresh_heartbeat_from_its_own_host(redis_server):
+    import socket
+    import time
+
+    from workers.connect import worker_transport
+    from workers.protocol import WorkerInfo
+
+    assert _healthcheck("worker", "hc-model", redis_url=redis_server).returncode == 1  # nobody yet
+    transport = worker_transport(redis_server, "hc-model")
+    now = time.time()
+    info = dict(worker_id=transport.worker_id, model="hc-model", version="1", pid=1, started_at=now,
+                last_heartbeat=now, max_num_seqs=1, max_model_len=16)
+    transport.heartbeat(WorkerInfo(host="another-host", **info))
+    assert _healthcheck("worker", "hc-model", redis_url=redis_server).returncode == 1
+    transport.heartbeat(WorkerInfo(host=socket.gethostname(), **info))
+    assert _healthcheck("worker", "hc-model", redis_url=redis_server).returncode == 0
+    unreachable = _healthcheck("worker", "hc-model")
+    assert unreachable.returncode == 1 and "cannot read the workers from Redis" in unreachable.stderr
+    assert _healthcheck("http", "http://127.0.0.1:1/healthz").returncode == 1
