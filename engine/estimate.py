@@ -108,7 +108,7 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     tp = getattr(config, "tensor_parallel_size", 1)
     path = resolve_model_path(model)
     arch, tensors, reader_bytes = (_read_gguf(path) if checkpoint_format(path) == "gguf"
-                                       else _read_safetensors(path))
+                                   else _read_safetensors(path))
     for name, count in (("num_attention_heads", arch.num_heads), ("num_key_value_heads", arch.num_kv_heads)):
         if count % tp:
             raise InvalidParameterError("tensor_parallel_size", f"{name} ({count}) is not divisible by {tp}")
@@ -155,8 +155,8 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     kv_bytes = kv_tokens * kv_per_token
     activations = _activation_bytes(config, arch, tp, elem, kv_tokens)
     return Estimate(weights_bytes=int(weights), kv_cache_bytes=int(kv_bytes),
-                    activation_bytes=int(activations), reader_bytes=int(reader_bytes), kv_tokens=int(kv_tokens), dtype=dtype,
-                    tensor_parallel_size=tp, layouts=layouts)
+                    activation_bytes=int(activations), reader_bytes=int(reader_bytes),
+                    kv_tokens=int(kv_tokens), dtype=dtype, tensor_parallel_size=tp, layouts=layouts)
 
 
 def _activation_dtype(name: str, device: str) -> str:
