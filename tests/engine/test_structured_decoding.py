@@ -151,3 +151,20 @@ def test_the_parallel_mask_fill_of_many_rows_equals_filling_each_row_alone(tiny)
     alone = torch.cat([fill_bitmask([g])[1] for g in grammars])
     assert torch.equal(together, alone)
     assert len({tuple(r.tolist()) for r in alone}) > 3  # the rows really differ
+
+
+def test_each_of_n_samples_follows_its_own_matcher(tiny):
+    engine = tiny.engine
+    schema = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"enum": ["a", "bb", "ccc"]}}
+    engine.add_request("n3", [5, 6], SamplingParams(temperature=1.0, seed=3, max_tokens=40,
+                                                     structured_outputs={"json": schema}), n=3)
+    texts, reasons = {}, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[out.index] = texts.get(out.index, "") + out.text_delta
+            if out.finish_reason:
+                reasons[out.index] = out.finish_reason
+    assert reasons == {0: "stop", 1: "stop", 2: "stop"}
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), schema)
+    assert len(set(texts.values())) > 1
