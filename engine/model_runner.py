@@ -212,12 +212,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
-        if self.ranks is not None:  # tensor parallel: the other ranks run the same step
-            self.ranks.send_step(entries)
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
         batch.meta.workspace = self.workspace
         # Built before the forward is queued, so its host-to-device copies never wait on it.
         meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
+        if self.ranks is not None:  # tensor parallel: the other ranks run the same step
+            self.ranks.send_step(entries)
         try:
             if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
                 hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
@@ -227,8 +227,8 @@ class ModelRunner:
                 return []
             logits = self.model.compute_logits(hidden[batch.logits_rows])  # [S, V]
         except Exception as exc:
-            if self.ranks is not None:
-                self.ranks.raise_if_lost(exc)  # RankLostError when a rank is gone
+            if self.ranks is not None:  # the ranks' collectives are out of step now
+                self.ranks.fail(exc)  # raises RankLostError
             raise
         out = self.sampler(logits, meta)
         token_ids, logprobs = self._to_host(batch.sampling, out)

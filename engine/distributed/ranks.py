@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import torch.distributed as dist
-
 from engine.distributed import parallel_state
 from engine.distributed.parallel_state import RankLostError
 from engine.scheduler import ScheduledSequence
@@ -140,16 +138,15 @@ class RankGroup:
             self._lose(self._exits() or f"a rank's pipe broke: {exc}")
             raise RankLostError(self.lost) from exc
 
-    def raise_if_lost(self, exc: BaseException) -> None:
-        """After a step raised ``exc``: RankLostError when a rank is gone or a collective failed."""
+    def fail(self, exc: BaseException) -> None:
+        """Rank 0's forward raised ``exc``: the other ranks may be inside a collective rank 0
+        left, so no later collective would match theirs. Stop them; raise RankLostError."""
         if isinstance(exc, RuntimeError):  # a peer's death may reach us before its exit status
             deadline = time.monotonic() + 1.0
             while not self._exits() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        exits = self._exits()
-        if exits or isinstance(exc, dist.DistError):
-            self._lose(exits or f"a collective failed: {exc}")
-            raise RankLostError(self.lost) from exc
+        self._lose(self._exits() or f"rank 0's step failed: {type(exc).__name__}: {exc}")
+        raise RankLostError(self.lost) from exc
 
     def _lose(self, why: str) -> None:
         self.lost = f"a tensor-parallel rank was lost ({why}); this engine cannot run steps any more"
