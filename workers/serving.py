@@ -86,7 +86,7 @@ class ModelServer:
             try:  # the version's settings over pagoda.yaml's, under the environment's
                 self._config = self._config or load_config()
                 settings = self._config.engine_settings(spec.engine_settings)
-                EngineConfig.from_settings(spec.path, settings)  # before connecting
+                check_fits(EngineConfig.from_settings(spec.path, settings), settings)  # before connecting
             except InvalidParameterError:
                 self._failed = spec
                 raise
@@ -185,6 +185,29 @@ class ModelServer:
             logger.info("%s: version %s ready; worker %s (version %s) drains", self.model,
                         keep.version, worker.worker_id, worker.version)
             worker.request_stop()
+
+
+def check_fits(config: EngineConfig, settings: dict) -> None:
+    """InvalidParameterError with the figures when, on the CPU, the model's weights and KV pool
+    at full use (engine/estimate.py) exceed the machine's memory: refused before loading. A
+    checkpoint the estimate cannot read is left to the load, which says what is wrong with it."""
+    import torch
+
+    from engine import cpu_info
+    from engine.errors import ModelLoadError
+    from engine.estimate import MiB, estimate_memory
+
+    if config.device != "cpu" and (config.device != "auto" or torch.cuda.is_available()):
+        return  # on CUDA the engine measures what fits (engine/gpu_memory.py)
+    try:
+        estimate = estimate_memory(config.model, settings, device="cpu")
+    except ModelLoadError:
+        return
+    total = cpu_info.total_memory_bytes()
+    if total and estimate.resident_bytes > total:
+        raise InvalidParameterError("engine_settings", (
+            f"the model needs {estimate.resident_bytes / MiB:.0f} MiB with these settings, more than "
+            f"this machine's {total / MiB:.0f} MiB: {estimate.describe()}"))
 
 
 @contextlib.contextmanager

@@ -149,3 +149,14 @@ def test_the_console_workers_page_shows_the_effective_values(client, tiny_llama_
                                                    "max_model_len")} == {
         "max_num_seqs": 7, "block_size": 32, "enable_prefix_caching": False, "max_model_len": 256}
     assert "<code>block_size=32</code>" in page and "<code>enable_prefix_caching=False</code>" in page
+
+
+def test_settings_whose_kv_pool_cannot_fit_the_machine_are_refused_before_loading_with_the_figures(tiny_llama_dir):
+    from workers.schema import InvalidParameterError
+    from workers.serving import ModelServer, ServeSpec
+
+    server = ModelServer("too-big", redis_url=None)
+    with pytest.raises(InvalidParameterError, match="engine_settings: the model needs .* MiB with these settings, "
+                                                     "more than this machine's .* MiB: .*KV cache"):
+        server.serve(ServeSpec("1", str(tiny_llama_dir), {"num_kv_blocks": 10**9, "device": "cpu"}))
+    assert server.failed is not None and not server.is_alive  # nothing was loaded
