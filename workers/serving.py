@@ -194,14 +194,15 @@ def check_fits(config: EngineConfig, settings: dict) -> None:
     import torch
 
     from engine import cpu_info
-    from engine.errors import ModelLoadError
     from engine.estimate import MiB, estimate_memory
 
     if config.device != "cpu" and (config.device != "auto" or torch.cuda.is_available()):
         return  # on CUDA the engine measures what fits (engine/gpu_memory.py)
     try:
         estimate = estimate_memory(config.model, settings, device="cpu")
-    except ModelLoadError:
+    except InvalidParameterError:
+        raise
+    except Exception:  # ModelLoadError, or a header this reader does not know: the load will tell
         return
     total = cpu_info.total_memory_bytes()
     if total and estimate.resident_bytes > total:
