@@ -284,3 +284,22 @@ def test_running_lines_step_aside_for_an_interactive_request_and_run_again_after
     assert all(r.status == "ok" and r.completion_tokens == 150 and r.created_at > ended["at"] for r in final)
     preempted = UsageRecord.objects.filter(api_key__owner__username="alice", status="aborted")
     assert preempted.count() >= 1  # the tokens they used are on record
+
+
+def test_a_line_larger_than_the_keys_token_rate_fails_at_once_while_the_others_run(client, served, keys):
+    from webapp.keys.models import ApiKey
+
+    ApiKey.objects.filter(owner__username="alice").update(max_tokens_per_minute=60)
+    lines = [request_line(0, "short"), request_line(1, "long", max_tokens=100)]  # 100 > 60: never fits
+    file = upload(client, keys["alice"], jsonl(lines)).json()
+    public_id = client.post("/v1/batches", json.dumps({"input_file_id": file["id"], "endpoint": "/v1/completions",
+                                                       "completion_window": "24h"}),
+                            content_type="application/json", **auth(keys["alice"])).json()["id"]
+
+    assert batch_run(batch_id=Batch.objects.get(public_id=public_id).pk) == "completed"
+    batch = Batch.objects.get(public_id=public_id)
+    with batch.error_file.content.open("rb") as handle:
+        errors = [json.loads(line) for line in handle.read().splitlines()]
+    assert (batch.num_completed, batch.num_failed) == (1, 1)
+    assert errors[0]["custom_id"] == "req-1" and errors[0]["response"]["status_code"] == 429
+    assert BatchLine.objects.get(batch=batch, line_number=2).num_attempts == 1

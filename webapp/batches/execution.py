@@ -38,9 +38,11 @@ from workers.schema import MAX_INT32
 # Lower values are served first under the engine's "priority" policy: batch lines come last, and
 # are the first preempted when the KV cache runs out.
 BATCH_PRIORITY = MAX_INT32
-# Refusals that pass with time: the line is tried again (up to PAGODA_BATCH_MAX_ATTEMPTS).
-RETRYABLE_CODES = {"rate_limit_exceeded", NO_WORKER, WORKER_LOST, SERVER_OVERLOADED, QUEUE_TIMEOUT,
-                   QUEUE_UNAVAILABLE, "server_shutting_down"}
+# Refusals that pass with time: the line is tried again. Waiting for capacity (a limit, a queue,
+# a worker starting) is not an attempt; a worker lost under the line is (up to PAGODA_BATCH_MAX_ATTEMPTS).
+CAPACITY_CODES = {"rate_limit_exceeded", NO_WORKER, SERVER_OVERLOADED, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE,
+                  "server_shutting_down"}
+RETRYABLE_CODES = CAPACITY_CODES | {WORKER_LOST}
 DEFAULT_RETRY_S = 2.0
 
 
@@ -63,6 +65,7 @@ class Ended:
     result: dict | None = None
     ok: bool = False
     retry_after: float | None = None
+    uncounted: bool = False  # a wait for capacity, not an attempt
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -77,9 +80,10 @@ def output_line(line: BatchLine, *, status_code: int | None, request_id: str, bo
 
 
 def _refusal(line: BatchLine, request_id: str, error: errors.OpenAIError, *, can_retry: bool) -> Ended:
-    if can_retry and error.code in RETRYABLE_CODES:
-        retry = error.headers.get("Retry-After")
-        return Ended(retry_after=float(retry) if retry else DEFAULT_RETRY_S)
+    retry = error.headers.get("Retry-After")
+    passes = retry is not None or error.code != "rate_limit_exceeded"  # over the limit itself: it never will
+    if passes and (error.code in CAPACITY_CODES or (can_retry and error.code in RETRYABLE_CODES)):
+        return Ended(retry_after=float(retry) if retry else DEFAULT_RETRY_S, uncounted=error.code in CAPACITY_CODES)
     return Ended(result=output_line(line, status_code=error.status, request_id=request_id, body=error.to_dict()))
 
 

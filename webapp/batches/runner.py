@@ -40,6 +40,7 @@ from webapp.config.shutdown import shutting_down
 from webapp.keys.selectors import apikey_allows_model
 from webapp.registry.selectors import modelversion_get_active
 from workers.connect import get_engine_client
+from workers.transport import is_serving
 from workers.protocol import HEARTBEAT_INTERVAL_S
 
 logger = logging.getLogger(__name__)
@@ -149,8 +150,12 @@ class Runner:
         self.own.append((now, len(self.in_flight)))
         while self.own and self.own[0][0] < now - OWN_WINDOW_S:
             self.own.popleft()
+        workers = [w for w in get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name)
+                   if is_serving(w)]
+        if not workers:  # none yet (a restart) or none any more: wait for one rather than fail lines
+            return 0
         busy = False
-        for worker in get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name):
+        for worker in workers:
             beat = worker.last_heartbeat
             own = max((n for t, n in self.own if beat - HEARTBEAT_SLACK_S <= t <= beat), default=None)
             if own is None:  # a beat older than what is remembered: nothing to compare with
@@ -188,6 +193,9 @@ class Runner:
             can_retry = line.num_attempts + 1 < batch_setting("PAGODA_BATCH_MAX_ATTEMPTS")
             started = execution.line_start(line=line, api_key=self.batch.api_key, can_retry=can_retry)
             if isinstance(started, execution.Ended):
+                if started.retry_after is not None and started.uncounted:
+                    line.num_attempts -= 1
+                    line.save(update_fields=["num_attempts"])
                 self.record(line, started)
                 continue
             future = asyncio.run_coroutine_threadsafe(execution.collect(started), self.loop)
@@ -208,7 +216,7 @@ class Runner:
         aborted = failure is None and future.result()
         can_retry = running.line.num_attempts < batch_setting("PAGODA_BATCH_MAX_ATTEMPTS") and not aborted
         ended = execution.line_finish(running=running, aborted=aborted, failure=failure, can_retry=can_retry)
-        if running.preempted and aborted:
+        if (running.preempted and aborted) or ended.retry_after is not None and ended.uncounted:
             running.line.num_attempts -= 1
             running.line.save(update_fields=["num_attempts"])
             ended = execution.Ended(retry_after=0.0)
