@@ -19,7 +19,7 @@ import sys
 import time
 
 from engine.errors import InvalidParameterError
-from workers.serving import ModelServer, ServeSpec, stop_on_signals
+from workers.serving import ModelServer, ServeSpec, exit_now, stop_on_signals
 from workers.transport import TransportUnreachable
 
 logger = logging.getLogger("workers")
@@ -81,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

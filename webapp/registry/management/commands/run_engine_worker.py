@@ -8,7 +8,6 @@ active version the process drains and waits for the next activation.
 """
 
 import os
-import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -43,7 +42,7 @@ class Command(BaseCommand):
         # a 20k-spin's 93/142).
         if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
             os.environ.update(OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT="200000")
-        from workers.serving import ServeSpec, follow_active_version  # loads the engine (torch)
+        from workers.serving import ServeSpec, exit_now, follow_active_version  # loads the engine (torch)
 
         def active():
             close_old_connections()  # a long-lived process: drop a connection the server closed
@@ -60,4 +59,5 @@ class Command(BaseCommand):
         self.stdout.flush()
         code = follow_active_version(model, active, redis_url=redis_url, drain_timeout=drain_timeout,
                                      poll_interval=poll_interval)
-        sys.exit(code)
+        self.stdout.flush()
+        exit_now(code)
