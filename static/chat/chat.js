@@ -9,6 +9,8 @@
   const modelEl = $("model"), connectionEl = $("connection");
 
   const { renderMarkdown, addCopyButtons } = window.PagodaRender;
+  const attached = window.PagodaDocuments((text) => showError(text), () => promptEl.focus());
+  const documentChips = attached.chips;
 
   let conversationId = state.conversation ? state.conversation.id : null;
   let socket = null, streaming = null; // streaming: {el, body, text, frame}
@@ -57,6 +59,7 @@
     if (m.siblings && m.siblings.length > 1) footer.appendChild(branchNav(m));
     if (m.role === "user") {
       body.textContent = m.content;
+      if (m.documents && m.documents.length) el.insertBefore(documentChips(m.documents), body);
       const edit = document.createElement("button");
       edit.type = "button"; edit.className = "link edit"; edit.textContent = "Edit";
       edit.addEventListener("click", () => startEdit(el));
@@ -164,6 +167,7 @@
 
   function showStreaming(msg, text) {
     settingsPanel.clearError();
+    if (msg.type === "start") attached.clear();
     unsent = "";
     if (conversationId !== msg.conversation.id) {
       conversationId = msg.conversation.id;
@@ -299,7 +303,9 @@
     if (!content.trim() || streaming) return;
     const shown = messagesEl.querySelectorAll(".message[data-id]");
     const parent = shown.length ? Number(shown[shown.length - 1].dataset.id) : null;  // continue the branch shown
-    if (send({ type: "send", conversation: conversationId, parent, content })) { unsent = content; promptEl.value = ""; }
+    if (send({ type: "send", conversation: conversationId, parent, content, documents: attached.pending() })) {
+      unsent = content; promptEl.value = "";
+    }
   });
   promptEl.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

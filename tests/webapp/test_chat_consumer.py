@@ -290,7 +290,9 @@ async def test_a_message_over_the_size_limit_is_refused_and_not_saved(models, al
     assert (await ws.connect())[0]
     await ws.send_json_to(turn(content="x" * 21))
     error = await ws.receive_json_from(timeout=TIMEOUT)
-    await ws.send_to(text_data="y" * 10_000)  # a frame far beyond what 20 characters need
+    from webapp.chat.consumers import max_frame_bytes
+
+    await ws.send_to(text_data="y" * (max_frame_bytes(20) + 1))  # beyond 20 characters and the documents
     frame = await ws.receive_json_from(timeout=TIMEOUT)
     await ws.disconnect()
 

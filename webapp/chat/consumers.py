@@ -39,6 +39,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from webapp.chat import generations
+from webapp.chat.documents import MAX_DOCUMENT_FRAME_BYTES
 from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict, preset_list
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
                                   conversation_switch, preset_delete, preset_save, turn_prepare)
@@ -56,7 +57,8 @@ FRAME_OVERHEAD_BYTES = 4096
 
 
 def max_frame_bytes(max_message_chars: int) -> int:
-    return 2 * 12 * max_message_chars + FRAME_OVERHEAD_BYTES
+    """The message, the system prompt and the attached documents (chat.documents), as JSON."""
+    return 2 * 12 * max_message_chars + FRAME_OVERHEAD_BYTES + MAX_DOCUMENT_FRAME_BYTES
 
 
 def _sockets_name(limits) -> str:

@@ -39,6 +39,8 @@ class Message(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
+    # Documents attached to a user message, [{"name", "text"}]: their whole text joins its prompt.
+    attachments = models.JSONField(default=list, blank=True)
     model_name = models.CharField(max_length=64, blank=True)  # which model answered (assistant messages)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -78,7 +78,7 @@ def message_path_dicts(*, conversation: Conversation, leaf: Message | None = Non
 
 def message_to_dict(message: Message) -> dict:
     return {"id": message.pk, "role": message.role, "content": message.content, "model": message.model_name,
-            "parent": message.parent_id,
+            "parent": message.parent_id, "documents": [d["name"] for d in message.attachments],
             "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
             "cached_prompt_tokens": message.cached_prompt_tokens, "finish_reason": message.finish_reason}
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from webapp.chat.documents import DocumentError, documents_clean, prompt_text
 from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
@@ -114,8 +115,10 @@ def preset_delete(*, user, preset_id) -> bool:
     return SystemPromptPreset.objects.filter(user=user, pk=_id(preset_id) or 0).delete()[0] > 0
 
 
-def _user_message(conversation: Conversation, content: str, parent: Message | None) -> Message:
-    message = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=parent)
+def _user_message(conversation: Conversation, content: str, parent: Message | None,
+                  attachments: list[dict]) -> Message:
+    message = Message(conversation=conversation, role=Message.Role.USER, content=content, parent=parent,
+                      attachments=attachments)
     message.root = parent is None
     message.save()
     return message
@@ -129,18 +132,22 @@ def _apply_action(*, user, action: str, data: dict, max_chars: int) -> tuple[Con
     if conversation_id and conversation is None:
         raise ChatInputError("not_found", "This conversation no longer exists.", "conversation")
     tree = Tree(conversation) if conversation is not None else None
+    try:
+        attachments = documents_clean(data.get("documents"))
+    except DocumentError as exc:
+        raise ChatInputError("invalid_document", exc.message, "documents") from None
     if action == "send":
         content = _text(data, "content", max_chars)
         if not content.strip():
             raise ChatInputError("invalid_parameter", "Type a message first.", "content")
         if conversation is None:
             conversation = conversation_create(user=user, title=" ".join(content.split())[:TITLE_LENGTH])
-            return conversation, _user_message(conversation, content, None)
+            return conversation, _user_message(conversation, content, None, attachments)
         parent = tree.by_id.get(_id(data.get("parent"))) if data.get("parent") is not None else tree.leaf()
         if data.get("parent") is not None and parent is None:
             raise ChatInputError("invalid_parameter", "The message to continue from is not in this conversation.",
                                  "parent")
-        return conversation, _user_message(conversation, content, parent)
+        return conversation, _user_message(conversation, content, parent, attachments)
     if conversation is None:
         raise ChatInputError("invalid_parameter", f"{action} needs a conversation", "conversation")
     message = tree.by_id.get(_id(data.get("message")))
@@ -157,7 +164,9 @@ def _apply_action(*, user, action: str, data: dict, max_chars: int) -> tuple[Con
     content = _text(data, "content", max_chars)
     if not content.strip():
         raise ChatInputError("invalid_parameter", "A message cannot be empty.", "content")
-    return conversation, _user_message(conversation, content, tree.by_id.get(message.parent_id))
+    # An edited message keeps its documents unless the edit brings others.
+    return conversation, _user_message(conversation, content, tree.by_id.get(message.parent_id),
+                                       attachments if data.get("documents") is not None else message.attachments)
 
 
 def _id(value) -> int | None:
@@ -188,6 +197,21 @@ def _refused(exc: LimitExceeded | LimitStoreUnavailable) -> ChatInputError:
         return ChatInputError(LIMITS_UNAVAILABLE, "The server cannot reach the store of its rate limits; "
                               "send this again in a moment.", None, LIMITS_UNAVAILABLE_RETRY_AFTER_S)
     return ChatInputError(exc.code, exc.message, None, exc.retry_after)
+
+
+def _check_fits(prompt_ids: list[int], max_tokens: int | None, max_model_len: int | None, message: Message,
+                model: str) -> None:
+    """Refuse, before anything runs, a prompt the model's context cannot hold with its answer."""
+    if not max_model_len or len(prompt_ids) + (max_tokens or 1) <= max_model_len:
+        return
+    names = [d["name"] for d in message.attachments]
+    answer = f" plus {max_tokens} for the answer" if max_tokens else " plus at least one for the answer"
+    what = f"With {', '.join(names)} the conversation" if names else "The conversation"
+    raise ChatInputError(
+        "context_length_exceeded",
+        f"{what} needs {len(prompt_ids)} tokens{answer}; {model} reads at most {max_model_len}. "
+        + ("Attach a shorter document, or start a new chat with it." if names
+           else "Lower max tokens, or start a new chat."), "documents" if names else "max_tokens")
 
 
 def turn_prepare(*, user, data: dict, started: float) -> Turn:
@@ -227,17 +251,20 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation.save(update_fields=["model_name", "system_prompt", "sampling", "current_leaf", "updated_at"])
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
             # The prompt is the path shown, up to the message answered: other branches stay out of it.
-            history += [{"role": m.role, "content": m.content} for m in Tree(conversation).path_to(user_message)]
+            history += [{"role": m.role, "content": prompt_text(content=m.content, attachments=m.attachments)}
+                        for m in Tree(conversation).path_to(user_message)]
             try:
                 # The same rendering every turn, so a conversation's earlier turns are a prefix of the
                 # next prompt and the engine's prefix cache serves them.
                 prompt_ids = tokenizer.apply_chat_template(history)
             except ChatTemplateError as exc:
                 raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
+            max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
+            _check_fits(prompt_ids, params["max_tokens"], max_model_len, user_message, slug)
             try:  # last, so that a refusal also takes back the saved message
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
                     num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
-                    max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
+                    max_model_len=max_model_len))
             except (LimitExceeded, LimitStoreUnavailable) as exc:
                 raise _refused(exc) from exc
     except BaseException:
