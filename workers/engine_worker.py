@@ -393,10 +393,12 @@ class EngineWorker:
                     e2e = metrics.finished_time - metrics.arrival_time
                     if metrics.first_token_time is not None:
                         decode = metrics.finished_time - metrics.first_token_time
+                # Time per output token is one sample's (n > 1 samples decode side by side);
+                # the token totals are the engine's own counter, every sample's.
                 self.metrics.request_finished(out.finish_reason, e2e_s=e2e, decode_s=decode,
                                               num_output_tokens=out.num_output_tokens)
                 logger.info("request %s finished (%s): %d output tokens in %s s", out.request_id,
-                            out.finish_reason, out.num_output_tokens,
+                            out.finish_reason, inflight.num_output_tokens,
                             "?" if e2e is None else f"{e2e:.3f}", extra={"request_id": out.request_id})
 
     def _fail_inflight(self, error: ErrorInfo) -> None:

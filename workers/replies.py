@@ -45,6 +45,13 @@ class InFlight:
     def latest(self):
         return self._latest
 
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens so far, every sample's (the engine's outputs count their own sample's)."""
+        if self._samples is None:
+            return self._latest.num_output_tokens if self._latest is not None else 0
+        return sum(self._sample_tokens.values())
+
     def add(self, out) -> None:
         """Accumulate one step's engine.outputs.RequestOutput."""
         self._latest = out
@@ -86,7 +93,7 @@ class InFlight:
             num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft)
         if self._samples is not None:
             chunk.token_ids = []
-            chunk.num_output_tokens = sum(self._sample_tokens.values())
+            chunk.num_output_tokens = self.num_output_tokens
             chunk.samples, self._samples = sorted(self._samples.values(), key=lambda d: d["index"]), {}
         self._text, self._token_ids, self._logprobs = [], [], None
         self._dirty = False
