@@ -13,6 +13,14 @@ urlpatterns = [
     path("usage.csv", views.usage_csv, name="usage-csv"),
 ]
 
+# The jobs page (webapp/console/jobs.py): validations and batches with live progress.
+from webapp.console import jobs  # noqa: E402
+
+urlpatterns += [
+    path("jobs/", jobs.jobs_page, name="jobs"),
+    path("jobs.json", jobs.jobs_json, name="jobs-json"),
+]
+
 # The models page (webapp/console/model_views.py).
 from webapp.console import model_views  # noqa: E402
 

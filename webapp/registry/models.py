@@ -49,6 +49,9 @@ class ModelVersion(models.Model):
     step = models.CharField(max_length=100, blank=True)
     progress = models.FloatField(default=0.0)
     validation = models.JSONField(default=dict, blank=True)
+    # When the validation job (a conversion first, if asked) started and ended: the console's jobs page.
+    job_started_at = models.DateTimeField(null=True, blank=True)
+    job_finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
 

@@ -11,6 +11,7 @@ import threading
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from webapp.registry.models import ModelVersion
 
@@ -28,6 +29,8 @@ def validate_model_version(version_id: int) -> str:
     rewrite its shards first. Returns the final status.
     """
     version = ModelVersion.objects.get(pk=version_id)
+    version.job_started_at, version.job_finished_at = timezone.now(), None
+    version.save(update_fields=["job_started_at", "job_finished_at"])
     command = [sys.executable, "-m", "engine.cli.validate", version.path]
     convert_dtype = (version.validation or {}).get("convert_dtype")
     if convert_dtype:  # asked for at upload (services.modelversion_upload)
@@ -80,5 +83,6 @@ def _finish(version: ModelVersion, final: dict) -> str:
         version.status = ModelVersion.Status.FAILED
         version.error = str(final.get("error") or "validation failed")
         version.step = "failed"
-    version.save(update_fields=["status", "error", "progress", "step", "validation"])
+    version.job_finished_at = timezone.now()
+    version.save(update_fields=["status", "error", "progress", "step", "validation", "job_finished_at"])
     return version.status
