@@ -43,7 +43,7 @@ def version_of(tiny_llama_dir, settings: dict | None = None) -> ModelVersion:
 
 
 FORM = {"max_model_len": "256", "dtype": "float32", "block_size": "32", "kv_cache_memory": "1.5",
-        "max_num_seqs": "4", "max_num_batched_tokens": "512"}
+        "max_num_seqs": "4", "max_num_batched_tokens": "512", "tensor_parallel_size": "2"}
 
 
 def test_the_settings_form_saves_each_field_keeping_settings_it_does_not_show(staff_client, tiny_llama_dir):
@@ -55,7 +55,8 @@ def test_the_settings_form_saves_each_field_keeping_settings_it_does_not_show(st
     version.refresh_from_db()
     assert version.engine_settings == {
         "block_size": 32, "dtype": "float32", "enable_prefix_caching": False, "kv_cache_memory": int(1.5 * MIB),
-        "max_model_len": 256, "max_num_batched_tokens": 512, "max_num_seqs": 4, "num_kv_blocks": 64}
+        "max_model_len": 256, "max_num_batched_tokens": 512, "max_num_seqs": 4, "num_kv_blocks": 64,
+        "tensor_parallel_size": 2}
     # The edit form shows them back (the KV budget in MiB); an emptied field returns to the default.
     page = staff_client.get("/console/models/").content.decode()
     assert f'id="settings-{version.pk}"' in page and 'name="kv_cache_memory" value="1.5"' in page
@@ -70,6 +71,7 @@ def test_the_settings_form_saves_each_field_keeping_settings_it_does_not_show(st
     ("block_size", "7", "block_size"),
     ("dtype", "float8", "dtype"),
     ("max_num_seqs", "0", "max_num_seqs"),
+    ("tensor_parallel_size", "0", "tensor_parallel_size"),
 ])
 def test_bad_settings_are_refused_naming_the_field(staff_client, tiny_llama_dir, field, value, named):
     version = version_of(tiny_llama_dir, {"num_kv_blocks": 64})

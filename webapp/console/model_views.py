@@ -33,6 +33,7 @@ FORM_SETTINGS = (
     ("kv_cache_memory", "KV cache budget (MiB)", "mib"),
     ("max_num_seqs", "Max running requests", "int"),
     ("max_num_batched_tokens", "Max batched tokens per step", "int"),
+    ("tensor_parallel_size", "Tensor parallel ranks (processes)", "int"),
 )
 CHOICES = {name: tuple(map(str, SETTINGS_BY_NAME[name].choices)) for name, _, kind in FORM_SETTINGS
            if kind == "choice"}
