@@ -109,8 +109,20 @@
     refreshEmptyState();
   }
 
+  // A link to a message on another branch (a search result): show the branch it is on.
+  let linkedMessage = null;
+  function followLink() {
+    const target = /^#message-(\d+)$/.exec(location.hash);
+    if (target && !messagesEl.querySelector(`.message[data-id="${target[1]}"]`)) {
+      linkedMessage = Number(target[1]); switchTo(linkedMessage);
+    }
+  }
+  window.addEventListener("hashchange", followLink);
   function onPath(msg) {
     if (msg.conversation !== conversationId) return;
+    if (linkedMessage !== null) { // opened from a link: the page's own hash handling marks it now
+      linkedMessage = null; renderPath(msg.messages); window.dispatchEvent(new HashChangeEvent("hashchange")); return;
+    }
     const focused = document.activeElement && document.activeElement.closest(".message");
     const at = focused ? [...messagesEl.querySelectorAll(".message")].indexOf(focused) : -1;
     const cls = document.activeElement && document.activeElement.classList.contains("branch-prev") ? ".branch-prev" : ".branch-next";
@@ -274,6 +286,7 @@
       connectionEl.textContent = "connected"; connectionEl.className = "connection ok";
       // An answer of this conversation may be running (written while the page was away): follow it.
       if (conversationId) socket.send(JSON.stringify({ type: "attach", conversation: conversationId }));
+      followLink();
     });
     socket.addEventListener("message", (event) => {
       const msg = JSON.parse(event.data);

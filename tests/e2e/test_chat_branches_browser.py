@@ -71,6 +71,14 @@ def test_editing_twice_keeps_three_versions_and_each_answer_comes_back(page, cha
     expect(page.locator(".message.user .branch-count")).to_have_text("2/3")
     assert shown(page) == (QUESTIONS[1], "2/3", answers[1])
 
+    # A link to a message on another branch (as a search result gives) opens the branch it is on.
+    colour = page.evaluate("() => document.querySelector('.message.user').dataset.id")
+    next_.click()
+    expect(page.locator(".message.user .branch-count")).to_have_text("3/3")
+    page.goto(page.url.split("#")[0] + "#message-" + colour)
+    expect(page.locator(".message.user .branch-count")).to_have_text("2/3")
+    expect(page.locator(".message.user .body")).to_have_text(QUESTIONS[1])
+
     # The version shown is the one a reload shows, and the one the next message continues.
     page.reload()
     expect(page.locator(".message.user .branch-count").first).to_have_text("2/3")

@@ -53,8 +53,9 @@ def test_a_text_file_joins_the_prompt_and_the_second_turn_finds_it_cached(page, 
     ask(page, "What is the secret word in line 0003 of the log? Quote the line.", max_tokens=24)
     expect(page.locator(".message.assistant")).to_have_count(1)
     started = time.monotonic()
-    answered(page)
+    first_answer = answered(page)
     print(f"first answer with the document: {time.monotonic() - started:.1f} s")
+    assert "PELICAN" in first_answer  # greedy: the model quotes the document's line 0003
     expect(page.locator(".message.user .documents li")).to_have_text("keeper-log.txt")
     expect(page.locator("#attachments li")).to_have_count(0)
     page.screenshot(path=str(artifacts_dir / "chat-documents-first.png"))
