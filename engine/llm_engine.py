@@ -1,12 +1,11 @@
 """The step-level engine: add requests, step, read per-request deltas; abort at any time.
 
-One request never fails a step for the others. Its parameters are checked at admission, and
-``add_request`` stores nothing unless it succeeds. If a step still raises (building the batch,
-the forward pass, sampling, detokenizing), the step's sequences are re-run in halves until the
-failing ones are found; those alone finish with ``FinishReason.ERROR``, their blocks freed, and
-the rest keep the tokens the step computed for them. This costs nothing until a step raises,
-then about 2 * log2(batch) extra forward passes per failing request. When nothing of a step can
-run, a one-token probe tells whether the engine itself is broken (``is_healthy``).
+One request never fails a step for the others. Its parameters are checked at admission
+(engine/admission.py): ``add_request`` stores nothing unless it succeeds. If a step still raises,
+its sequences are re-run in halves until the failing ones are found (engine/isolation.py); those
+alone finish with ``FinishReason.ERROR``, their blocks freed, and the rest keep the tokens the step
+computed for them. When nothing of a step can run, a one-token probe tells whether the engine
+itself is broken (``is_healthy``).
 """
 
 from __future__ import annotations
@@ -21,33 +20,22 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
-from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
+from engine.admission import check_length, check_request, check_token_ids, encode_prompt
+from engine.errors import InvalidParameterError, RequestNotFoundError
+from engine.isolation import bisect, probe
 from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
 from engine.models.registry import resolve_model_path
 from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput, TokenLogprob
 from engine.parallel_sampling import SampleGroup, check_n, derive_seed, fork, sample_id
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSequence, Scheduler
+from engine.scheduler import Scheduler
 from engine.structured.grammar import GrammarCompiler
 from engine.sequence import Sequence
+from engine.stats import EngineStats, engine_stats
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_blocks: int
-    num_free_blocks: int
-    kv_cache_usage: float  # fraction of blocks held by live requests
-    prefix_cache_queried_tokens: int
-    prefix_cache_hit_tokens: int
-    num_preemptions: int
-    num_prompt_tokens: int  # prompt tokens computed (not served by the prefix cache), all time
-    num_generation_tokens: int  # tokens generated, all time
 
 
 @dataclass
@@ -110,25 +98,15 @@ class LLMEngine:
         outputs carry ``index``; each sample's end sets its ``finish_reason``, and ``finished``
         marks the request's last output. Atomic: when it raises, nothing of the request remains.
         """
-        if not isinstance(request_id, str):
-            raise InvalidParameterError("request_id", "must be a string")
+        params = check_request(request_id, params, priority)
         n = check_n(n)
         ids = [sample_id(request_id, i) for i in range(n)]
         if any(i in self._requests or i in self._groups for i in ids):
             raise InvalidParameterError("request_id", f"{request_id!r} is already in use")
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidParameterError("params", "must be a SamplingParams")
-        params.validate()  # again: a field may have been set after construction
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
         prompt_ids = self.encode_prompt(prompt)
-        vocab = self.model_config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise InvalidParameterError("stop_token_ids", f"token ids must be below the vocabulary size {vocab}")
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise InvalidParameterError("logit_bias", f"token ids must be below the vocabulary size {vocab}")
-        max_tokens = self._check_length(len(prompt_ids), params.max_tokens)
+        check_token_ids(params, self.model_config.vocab_size)
+        max_tokens = check_length(len(prompt_ids), params.max_tokens, max_model_len=self.max_model_len,
+                                  block_size=self.config.block_size, num_blocks=self.block_manager.num_blocks)
         group = SampleGroup(request_id, num_live=n) if n > 1 else None
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         try:
@@ -156,39 +134,7 @@ class LLMEngine:
         return len(prompt_ids)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                       for t in prompt):
-            ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidParameterError("prompt", f"token ids out of range [0, {vocab}): {bad[:5]}")
-        else:
-            raise InvalidParameterError("prompt", "must be a string or a list of token ids")
-        if not ids:
-            raise InvalidParameterError("prompt", "must not be empty")
-        return ids
-
-    def _check_length(self, num_prompt: int, max_tokens: int | None) -> int:
-        limit = self.max_model_len
-        if max_tokens is None:
-            max_tokens = limit - num_prompt
-        if num_prompt + max_tokens > limit or max_tokens < 1:
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt + max(max_tokens, 1)} tokens ({num_prompt} in the prompt, "
-                f"{max(max_tokens, 1)} in the completion). Please reduce the length of the prompt "
-                f"or completion.")
-        num_blocks = -(-(num_prompt + max_tokens) // self.config.block_size)
-        if num_blocks > self.block_manager.num_blocks:
-            capacity = self.block_manager.num_blocks * self.config.block_size
-            raise ContextLengthExceededError(
-                f"The KV cache holds {capacity} tokens in all, but this request needs up to "
-                f"{num_prompt + max_tokens} ({num_prompt} in the prompt, {max_tokens} in the "
-                f"completion). Please reduce the length of the prompt or completion.")
-        return max_tokens
+        return encode_prompt(self.tokenizer, prompt, self.model_config.vocab_size)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks; the next step() reports it as aborted."""
@@ -287,7 +233,7 @@ class LLMEngine:
         """After ``sched``'s step raised: fail the sequences that fail on their own, keep the
         tokens of the others (``sched.scheduled`` is narrowed to those) and return them."""
         entries = sched.scheduled
-        sampled, failed = self._bisect(entries) if len(entries) > 1 else ([], list(entries))
+        sampled, failed = bisect(self.runner, entries) if len(entries) > 1 else ([], list(entries))
         failed_ids = {id(e) for e in failed}
         sched.scheduled = [e for e in entries if id(e) not in failed_ids]
         for entry in failed:
@@ -298,25 +244,6 @@ class LLMEngine:
         else:  # nothing of the step ran: is it these requests, or the engine?
             self.check_health()
         return sampled
-
-    def _bisect(self, entries: list[ScheduledSequence]):
-        """Run each half of ``entries`` (which fail together); recurse into a half that fails.
-        Returns (sampled tokens of the halves that ran, entries that fail alone)."""
-        mid = len(entries) // 2
-        sampled, failed = [], []
-        for part in (entries[:mid], entries[mid:]):
-            try:
-                sampled += self.runner.execute(part)
-            except Exception:
-                if len(part) > 1:
-                    part_sampled, part_failed = self._bisect(part)
-                    sampled += part_sampled
-                    failed += part_failed
-                else:
-                    logger.exception("request %s fails a step on its own; failing it alone",
-                                     part[0].seq.request_id)
-                    failed += part
-        return sampled, failed
 
     def _fail(self, req: _Request) -> RequestOutput:
         """Finish ``req`` with FinishReason.ERROR and free what it holds; touches nothing of its
@@ -343,23 +270,13 @@ class LLMEngine:
         del self._requests[req.seq.request_id]
 
     def check_health(self) -> bool:
-        """Run a one-token greedy probe through the model and sampler; updates ``is_healthy``.
-
-        Call it from the thread that steps the engine. It needs one free KV block; without one
-        it changes nothing (the engine is busy, so it is running).
-        """
-        probe = Sequence("health-probe", [0], SamplingParams(temperature=0, max_tokens=1))
-        if not self.block_manager.allocate(probe, 1):
-            return self.is_healthy
-        try:
-            self.runner.execute([ScheduledSequence(probe, 1, 0)])
-        except Exception as exc:
-            logger.exception("the engine cannot run a minimal request: marking it unhealthy")
-            self.is_healthy, self.health_error = False, f"a minimal request fails: {type(exc).__name__}"
-        else:
+        """Probe the engine with a one-token request (engine/isolation.py); updates ``is_healthy``.
+        Call it from the thread that steps the engine."""
+        tried, error = probe(self.runner, self.block_manager)
+        if error is not None:
+            self.is_healthy, self.health_error = False, error
+        elif tried:
             self._set_healthy()
-        finally:
-            self.block_manager.free(probe)
         return self.is_healthy
 
     def _set_healthy(self) -> None:
@@ -413,12 +330,5 @@ class LLMEngine:
         self.num_prompt_tokens = self.num_generation_tokens = 0
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            num_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks, kv_cache_usage=bm.usage,
-            prefix_cache_queried_tokens=bm.num_prefix_queried_tokens,
-            prefix_cache_hit_tokens=bm.num_prefix_hit_tokens,
-            num_preemptions=self.scheduler.num_preemptions,
-            num_prompt_tokens=self.num_prompt_tokens,
-            num_generation_tokens=self.num_generation_tokens)
+        return engine_stats(self.scheduler, self.block_manager, num_prompt_tokens=self.num_prompt_tokens,
+                            num_generation_tokens=self.num_generation_tokens)

@@ -1,0 +1,30 @@
+"""A snapshot of an engine's load and counters, for workers' heartbeats and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float  # fraction of blocks held by live requests
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    num_prompt_tokens: int  # prompt tokens computed (not served by the prefix cache), all time
+    num_generation_tokens: int  # tokens generated, all time
+
+
+def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_generation_tokens: int) -> EngineStats:
+    return EngineStats(
+        num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+        num_blocks=block_manager.num_blocks, num_free_blocks=block_manager.num_free_blocks,
+        kv_cache_usage=block_manager.usage,
+        prefix_cache_queried_tokens=block_manager.num_prefix_queried_tokens,
+        prefix_cache_hit_tokens=block_manager.num_prefix_hit_tokens,
+        num_preemptions=scheduler.num_preemptions,
+        num_prompt_tokens=num_prompt_tokens, num_generation_tokens=num_generation_tokens)
