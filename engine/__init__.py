@@ -13,7 +13,7 @@ web process reads) does not load torch.
 import importlib
 
 _EXPORTS = {
-    "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineStats": "engine.llm_engine",
+    "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineStats": "engine.stats",
     "EngineConfig": "engine.config", "SamplingParams": "engine.sampling_params",
     "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs",
     "TokenLogprob": "engine.outputs", "FinishReason": "engine.outputs",
