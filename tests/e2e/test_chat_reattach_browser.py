@@ -62,7 +62,7 @@ def stored_answers(site, conversation: str) -> list[tuple]:
 def test_a_reload_mid_answer_continues_the_answer_which_ends_complete_and_stored_once(page, chat_site,
                                                                                       artifacts_dir):
     requests_before, tokens_before = engine_counts(chat_site)
-    ask(page, "Tell me a long story about a lighthouse keeper and the sea.", max_tokens=160)
+    ask(page, "Tell me a long story about a lighthouse keeper and the sea.", max_tokens=300)
     page.wait_for_function("() => (document.querySelector('.message.assistant.streaming .body') || {})"
                            ".textContent?.trim().length > 40")
     before_reload = page.locator(".message.assistant .body").inner_text().rstrip("▍").strip()

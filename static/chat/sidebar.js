@@ -1,0 +1,42 @@
+// The sidebar's list of conversations: the mark of an answer in progress, a new conversation's
+// entry, and the rename / delete forms.
+window.PagodaSidebar = (function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  function markRunning(id, running) {
+    const entry = id && document.querySelector(`#conversation-list .conv[data-id="${id}"]`);
+    if (!entry) return;
+    entry.classList.toggle("running", running);
+    const mark = entry.querySelector(".running-mark");
+    if (running && !mark) {
+      const m = document.createElement("span");
+      m.className = "running-mark"; m.title = "An answer is being written"; m.textContent = "● ";
+      const hidden = document.createElement("span");
+      hidden.className = "visually-hidden"; hidden.textContent = "answer in progress";
+      m.appendChild(hidden);
+      entry.querySelector(".conv-title").after(m);
+    } else if (!running && mark) mark.remove();
+  }
+
+  function addSidebarEntry(conv) {
+    const list = $("conversation-list");
+    list.querySelectorAll(".conv.active").forEach((e) => e.classList.remove("active"));
+    const entry = document.createElement("div");
+    entry.className = "conv active"; entry.dataset.id = conv.id;
+    const link = document.createElement("a");
+    link.className = "conv-title"; link.href = `/c/${conv.id}/`; link.textContent = conv.title || "New chat";
+    entry.appendChild(link);
+    list.prepend(entry);
+  }
+
+  document.querySelectorAll(".rename-form").forEach((form) => form.addEventListener("submit", (event) => {
+    const title = prompt("Rename the conversation", form.elements.title.value);
+    if (!title || !title.trim()) { event.preventDefault(); return; }
+    form.elements.title.value = title;
+  }));
+  document.querySelectorAll(".delete-form").forEach((form) => form.addEventListener("submit", (event) => {
+    if (!confirm("Delete this conversation?")) event.preventDefault();
+  }));
+
+  return { markRunning, addSidebarEntry };
+})();
