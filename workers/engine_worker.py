@@ -23,7 +23,6 @@ retried with backoff, then reconnected (group, subscription) and the worker anno
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -33,15 +32,16 @@ from collections.abc import Callable
 
 from engine.config import SETTINGS, EngineConfig
 from engine.distributed.parallel_state import RankLostError
-from engine.errors import ContextLengthExceededError, InvalidParameterError, RequestNotFoundError
+from engine.errors import InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
 from engine.outputs import REQUEST_FAILED, FinishReason
 from engine.sampling_params import SamplingParams
 from workers.heartbeat import Heartbeat
 from workers.metrics import WorkerMetrics
-from workers.protocol import (CONTEXT_LENGTH_EXCEEDED, INTERNAL_ERROR, INVALID_PARAMETER,
-                              WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo)
+from workers.outage import Outage
+from workers.protocol import INTERNAL_ERROR, WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo
 from workers.replies import InFlight
+from workers.requests import arrival_time, error_info, sampling_params
 from workers.transport import TransportUnreachable, WorkerTransport
 
 logger = logging.getLogger(__name__)
@@ -49,31 +49,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_S = 0.1  # how long an idle loop blocks on the queue before checking aborts and stop
 STATS_INTERVAL_S = 0.2
 RECENT_ABORT_TTL_S = 120.0  # aborts for requests not read yet are remembered this long
-MAX_QUEUE_CREDIT_S = 300.0  # queueing time counted into latencies (bounds clock skew)
 HEALTH_PROBE_INTERVAL_S = 5.0  # an unhealthy engine is probed (check_health) this often
-MIN_BACKOFF_S, MAX_BACKOFF_S = 0.1, 2.0  # retrying an unreachable transport
-FAILED_MESSAGE = "the worker failed while adding this request"  # what a client may read
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams) if f.init)
-
-
-def sampling_params(params: object) -> SamplingParams:
-    if not isinstance(params, dict):
-        raise InvalidParameterError("params", "must be an object of sampling parameters")
-    unknown = sorted(set(params) - _SAMPLING_FIELDS)
-    if unknown:
-        raise InvalidParameterError(unknown[0],
-                                    f"unknown sampling parameter; known: {sorted(_SAMPLING_FIELDS)}")
-    return SamplingParams(**params)
-
-
-def error_info(exc: Exception) -> ErrorInfo:
-    """A refusal meant for the client keeps its message; any other failure gets a stable one
-    (the caller logs the exception)."""
-    if isinstance(exc, ContextLengthExceededError):
-        return ErrorInfo(CONTEXT_LENGTH_EXCEEDED, exc.message, exc.param)
-    if isinstance(exc, InvalidParameterError):
-        return ErrorInfo(INVALID_PARAMETER, exc.message, exc.param)
-    return ErrorInfo(INTERNAL_ERROR, FAILED_MESSAGE)
 
 
 class EngineWorker:
@@ -104,9 +80,7 @@ class EngineWorker:
         self._last_tick = time.monotonic()
         self._next_probe = 0.0  # monotonic time of the next health probe while unhealthy
         self._was_healthy = True
-        self._down_since: float | None = None  # the transport's outage began (monotonic)
-        self._retry_at = 0.0
-        self._backoff = MIN_BACKOFF_S
+        self._outage = Outage()  # of the transport (workers/outage.py)
         self._announce_lock = threading.Lock()
         self.heartbeat = Heartbeat(self.announce, lambda: self._last_tick)
 
@@ -223,7 +197,7 @@ class EngineWorker:
                 if idle and room <= 0 and not self._outbox:
                     time.sleep(IDLE_POLL_S)  # draining with nothing to run: do not spin
             elif idle:
-                time.sleep(min(IDLE_POLL_S, max(0.0, self._retry_at - time.monotonic())))
+                time.sleep(min(IDLE_POLL_S, max(0.0, self._outage.retry_at - time.monotonic())))
             self._refresh_stats()
 
     def _room(self) -> int:
@@ -260,9 +234,9 @@ class EngineWorker:
 
     def _transport_up(self, now: float) -> bool:
         """False during an outage, between retries; a due retry reconnects first."""
-        if self._down_since is None:
+        if not self._outage.active:
             return True
-        if now < self._retry_at:
+        if now < self._outage.retry_at:
             return False
         try:
             self.transport.reconnect()
@@ -270,19 +244,14 @@ class EngineWorker:
             self._transport_lost(exc, now)
             return False
         logger.warning("worker %s: the transport is back after %.1f s; %d requests kept",
-                       self.worker_id, now - self._down_since, len(self._inflight))
-        self._down_since, self._backoff = None, MIN_BACKOFF_S
+                       self.worker_id, self._outage.over(now), len(self._inflight))
         self._announce_now()
         return True
 
     def _transport_lost(self, exc: Exception, now: float) -> None:
-        if self._down_since is None:
+        if self._outage.failed(now):
             logger.warning("worker %s: the transport is unreachable (%s); retrying, %d requests "
                            "kept", self.worker_id, exc, len(self._inflight))
-            self._down_since, self._backoff = now, MIN_BACKOFF_S
-        else:
-            self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
-        self._retry_at = now + self._backoff
 
     def _hand_back_unstarted(self) -> None:
         """Draining: requests the engine has produced nothing for yet go back to the queue for
@@ -319,7 +288,7 @@ class EngineWorker:
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids,
                                         sampling_params(req.params), priority=req.priority,
-                                        arrival_time=self._arrival_time(req.created_at), n=req.n)
+                                        arrival_time=arrival_time(req.created_at), n=req.n)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)
@@ -328,14 +297,6 @@ class EngineWorker:
                 self._inflight[req.request_id] = InFlight(req)
                 logger.info("request %s claimed by worker %s: %d prompt tokens", req.request_id,
                             self.worker_id, len(req.prompt_token_ids), extra={"request_id": req.request_id})
-
-    @staticmethod
-    def _arrival_time(created_at: object) -> float:
-        """created_at (wall clock, set by the client) as engine time, so latency includes queueing."""
-        now = time.monotonic()
-        if not isinstance(created_at, (int, float)) or isinstance(created_at, bool):
-            return now
-        return now - min(max(0.0, time.time() - created_at), MAX_QUEUE_CREDIT_S)
 
     def _fail(self, reply_to: str, request_id: str, error: ErrorInfo | None) -> None:
         """A final chunk for a request that is not (or no longer) in the engine."""
