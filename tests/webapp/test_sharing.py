@@ -130,6 +130,22 @@ def test_sharing_takes_the_messages_on_screen_in_their_order(alice, conversation
     assert [m["content"] for m in link.messages] == ["Which bird glides longest?", "The **albatross**."]
 
 
+def test_sharing_without_a_message_list_takes_the_branch_shown_not_every_version(alice, conversation):
+    question, answer, follow_up, _ = conversation.messages.order_by("pk")
+    # The follow-up question edited: a sibling, which the conversation now shows, and its answer.
+    edited = Message.objects.create(conversation=conversation, role="user", content="And the slowest?",
+                                    parent=answer)
+    reply = Message.objects.create(conversation=conversation, role="assistant", content="The woodcock.",
+                                   parent=edited)
+    conversation.current_leaf = reply
+    conversation.save()
+
+    link = share(client_of(alice), conversation)
+
+    assert [m["content"] for m in link.messages] == [
+        "Which bird glides longest?", "The **albatross**.", "And the slowest?", "The woodcock."]
+
+
 @pytest.mark.parametrize("messages", ["1,x", "999999", "{0},{0}"])
 def test_bad_message_lists_are_refused_naming_the_field(alice, conversation, messages):
     first = conversation.messages.first().pk

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.chat.models import Conversation
-from webapp.chat.selectors import message_list
+from webapp.chat.selectors import message_list, message_path
 from webapp.sharing.models import SharedConversation, SharingSettings
 
 
@@ -32,10 +32,10 @@ def parse_message_ids(raw: str) -> list[int] | None:
 @transaction.atomic
 def share_create(*, conversation: Conversation, message_ids: list[int] | None = None) -> SharedConversation:
     """Snapshot ``conversation`` for its owner: the messages ``message_ids`` in that order (the ones the
-    page showed, which with branches is not all of them), else all of the conversation's messages."""
-    messages = list(message_list(conversation=conversation))
+    page showed), else the path the conversation shows now (with branches, not all its messages)."""
+    messages = message_path(conversation=conversation)
     if message_ids is not None:
-        by_id = {m.pk: m for m in messages}
+        by_id = {m.pk: m for m in message_list(conversation=conversation)}
         unknown = [i for i in message_ids if i not in by_id]
         if unknown:
             raise ShareInputError("messages", f"messages {unknown} are not in this conversation")
