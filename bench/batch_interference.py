@@ -4,19 +4,21 @@ a Batch API job runs on the same model.
 Starts an embedded Pagoda (Daphne with the engine worker in the web process, as ``make run``) on
 the bundled SmolLM2 in a temporary folder, then:
 
+for each of ``--rounds`` rounds (alternated, so that a shared machine's drifting load hits both alike):
+
 1. idle: ``--requests`` streamed chat completions one after another (bench/serve.py's client,
    greedy, EOS ignored, ``--max-tokens`` each); each gives its inter-token latency
    ((last content event - first) / (tokens - 1));
-2. batch: uploads a batch of ``--batch-lines`` chat requests (``--batch-max-tokens`` each) through
-   /v1/files and /v1/batches, waits until it runs, and sends the same interactive requests while
-   it does; the batch is cancelled afterwards (it must still be running at the end, or the run says so).
+2. batch: a batch of ``--batch-lines`` chat requests (``--batch-max-tokens`` each, uploaded once to
+   /v1/files) is created, and once its lines run the same interactive requests are sent; the batch
+   is cancelled afterwards (it must still be running at the end, or the run says so).
 
 and prints the p50 of both, their ratio (target: within 1.2x) and the batch lines finished meanwhile.
 The runner's limits come from --in-flight and --busy-in-flight (PAGODA_BATCH_MAX_IN_FLIGHT and
 PAGODA_BATCH_MAX_IN_FLIGHT_BUSY). The machine is shared and noisy: only the ratio of one run means
 anything, and the load average is printed with it.
 
-    .venv/bin/python bench/batch_interference.py [--requests 8] [--max-tokens 64]
+    .venv/bin/python bench/batch_interference.py [--rounds 3] [--requests 4] [--max-tokens 64]
         [--batch-lines 200] [--batch-max-tokens 64] [--in-flight 4] [--busy-in-flight 0]
 """
 
@@ -76,14 +78,15 @@ def wait_running(api: openai.OpenAI, batch_id: str, timeout: float = 120.0):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=4, help="interactive requests per phase of a round")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch-lines", type=int, default=200)
     ap.add_argument("--batch-max-tokens", type=int, default=64)
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--busy-in-flight", type=int, default=0)
     args = ap.parse_args()
-    if min(args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight) < 1 \
+    if min(args.rounds, args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight) < 1 \
             or args.busy_in_flight < 0:
         ap.error("every count must be positive (--busy-in-flight may be 0)")
 
@@ -97,20 +100,25 @@ def main() -> int:
                         "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": str(args.busy_in_flight)})
         services.wait_ready(url)
         asyncio.run(interactive(url, key, argparse.Namespace(requests=1, max_tokens=8)))  # warm-up
-        load_idle = os.getloadavg()[0]
-        idle = asyncio.run(interactive(url, key, args))
-
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
         file = api.files.create(file=("bench.jsonl", io.BytesIO(batch_file(args))), purpose="batch")
-        batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
-        before = wait_running(api, batch.id).request_counts.completed
-        load_batch = os.getloadavg()[0]
-        started = time.monotonic()
-        during = asyncio.run(interactive(url, key, args))
-        elapsed = time.monotonic() - started
-        after = api.batches.retrieve(batch.id)
-        still_running = after.status == "in_progress"
-        api.batches.cancel(batch.id)
+        idle, during, loads, lines_done, elapsed, still_running = [], [], [], 0, 0.0, True
+        for _ in range(args.rounds):  # alternated, so that the machine's drifting load hits both alike
+            loads.append(os.getloadavg()[0])
+            idle += asyncio.run(interactive(url, key, args))
+            batch = api.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+            before = wait_running(api, batch.id).request_counts.completed
+            started = time.monotonic()
+            during += asyncio.run(interactive(url, key, args))
+            elapsed += time.monotonic() - started
+            after = api.batches.retrieve(batch.id)
+            lines_done += after.request_counts.completed - before
+            still_running = still_running and after.status == "in_progress"
+            api.batches.cancel(batch.id)
+            while api.batches.retrieve(batch.id).status != "cancelled":
+                time.sleep(0.2)
+        load_idle = sum(loads) / len(loads)
 
     p50_idle, p50_batch = percentile(idle, 50), percentile(during, 50)
     rows = [
@@ -122,9 +130,10 @@ def main() -> int:
         ("inter-token p95, idle (ms)", f"{1000 * percentile(idle, 95):.1f}"),
         ("inter-token p95, batch running (ms)", f"{1000 * percentile(during, 95):.1f}"),
         ("ratio of p50s (target <= 1.2)", f"{p50_batch / p50_idle:.2f}"),
-        ("batch lines done while measuring", f"{after.request_counts.completed - before} in {elapsed:.1f} s"),
+        ("rounds (idle, then batch running)", f"{args.rounds}"),
+        ("batch lines done while measuring", f"{lines_done} in {elapsed:.1f} s"),
         ("batch still running at the end", "yes" if still_running else "NO: the figure is not under load"),
-        ("load average (idle / batch)", f"{load_idle:.1f} / {load_batch:.1f}"),
+        ("load average (mean of rounds)", f"{load_idle:.1f}"),
     ]
     width = max(len(name) for name, _ in rows)
     print(f"Batch interference on {MODEL} (embedded server, workdir {root})")

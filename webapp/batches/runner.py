@@ -46,6 +46,9 @@ from workers.protocol import HEARTBEAT_INTERVAL_S
 logger = logging.getLogger(__name__)
 OWN_WINDOW_S = 3 * HEARTBEAT_INTERVAL_S  # how stale a worker's announced counts may be
 HEARTBEAT_SLACK_S = 0.5  # lines sent or ended this close before a beat may or may not be in its count
+# Busy once, busy for this long: one user's requests one after another leave gaps shorter than a
+# heartbeat, which must not let the lines back in between them.
+BUSY_HOLD_S = 3 * HEARTBEAT_INTERVAL_S
 
 
 def batch_claim(*, batch_id: int, runner_id: str, force: bool = False) -> bool:
@@ -100,7 +103,8 @@ class Runner:
         self.in_flight: dict[futures.Future, execution.Running] = {}
         self.not_before: dict[int, float] = {}  # line pk -> monotonic time of its next try
         self.last_beat = 0.0
-        self.own: deque[tuple[float, int]] = deque()  # (monotonic time, lines in flight)
+        self.own: deque[tuple[float, int]] = deque()  # (wall-clock time, lines in flight)
+        self.busy_until = 0.0  # monotonic
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -161,7 +165,11 @@ class Runner:
             if own is None:  # a beat older than what is remembered: nothing to compare with
                 own = max(n for _, n in self.own)
             busy = busy or worker.stats.get("num_inflight", 0) > own
-        return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY")) if busy else most
+        if busy:
+            self.busy_until = time.monotonic() + BUSY_HOLD_S
+        if time.monotonic() < self.busy_until:
+            return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY"))
+        return most
 
     def preempt(self, limit: int) -> None:
         """Over the limit (interactive requests arrived): the newest lines are aborted and queued
