@@ -147,8 +147,13 @@ def main() -> int:
         llama_port, pagoda_port = free_port(), free_port()
         services.spawn("llama-server", [str(binary), "-m", str(gguf), "-np", "32", "-c", "16384",
                                         "-t", "2", "--host", "127.0.0.1", "--port", str(llama_port)])
+        # The same capacity as llama.cpp's: 32 sequences, a 16,384-token KV pool (1,024 blocks of
+        # 16), through pagoda.yaml's environment overrides (Pagoda's own default pool is sized for
+        # 128 sequences of the full context, capped by a share of the machine's memory).
         services.spawn("pagoda", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(pagoda_port),
-                                  "webapp.config.asgi:application"], {"PAGODA_EMBEDDED_WORKERS": "1"})
+                                  "webapp.config.asgi:application"],
+                       {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_NUM_KV_BLOCKS": "1024",
+                        "PAGODA_ENGINE_MAX_NUM_SEQS": "32"})
         servers = {"pagoda": (f"http://127.0.0.1:{pagoda_port}", key, services.procs[1].pid),
                    "llama.cpp": (f"http://127.0.0.1:{llama_port}", "none", services.procs[0].pid)}
         wait_http(f"http://127.0.0.1:{llama_port}/health", services)
