@@ -32,7 +32,7 @@
     bar.setAttribute("aria-label", "progress of " + job.subject);
     progress.append(bar, " " + job.progress + "%");
     tr.appendChild(progress);
-    tr.append(cell(job.created_at.slice(0, 19)), cell(job.duration_s === null ? "–" : job.duration_s + " s"));
+    tr.append(cell(job.created), cell(job.duration_s === null ? "–" : job.duration_s + " s"));
     const result = cell(job.result.length > 120 ? job.result.slice(0, 119) + "…" : job.result);
     result.className = "result";
     tr.appendChild(result);

@@ -320,6 +320,19 @@ def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artif
     csv_text = page.request.get(f"{url}/console/usage.csv?group=model").text()
     assert f"{MODEL},2,0,{completion.usage.prompt_tokens + chat.usage.prompt_tokens}," in csv_text, csv_text
 
+    # ---- the jobs page lists the upload's validation, done; the batches and chat limits pages
+    page.goto(f"{url}/console/jobs/")
+    job = page.locator("#jobs tbody tr", has_text=f"{MODEL} v1")
+    expect(job.locator("td.state")).to_have_text("done")
+    expect(page.locator("#refreshed")).to_contain_text("updated")  # jobs.json polled
+    assert_fits_the_window(page)
+    shoot(page, artifacts_dir, "jobs")
+    for name in ("batches", "chat-limits"):
+        page.goto(f"{url}/console/{name}/")
+        expect(page.locator("nav.console-nav a.current")).to_have_count(1)
+        assert_fits_the_window(page)
+        shoot(page, artifacts_dir, name)
+
     # ---- the Django admin
     page.goto(f"{url}/admin/")
     expect(page.locator("#site-name, #header")).not_to_have_count(0)

@@ -31,6 +31,10 @@ def _seconds(started, finished) -> float | None:
     return round(((finished or timezone.now()) - started).total_seconds(), 1)
 
 
+def _shown(moment) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _validation_row(version: ModelVersion) -> dict:
     converting = (version.validation or {}).get("convert_dtype")
     state = _VALIDATION_STATE.get(version.status, "done")
@@ -38,8 +42,8 @@ def _validation_row(version: ModelVersion) -> dict:
         "id": f"validation-{version.pk}", "kind": "conversion + validation" if converting else "validation",
         "subject": f"{version.model.slug} v{version.number}", "state": state, "step": version.step or version.status,
         "progress": round(100 * (1.0 if state == "done" else version.progress)),
-        "created_at": version.created_at.isoformat(), "duration_s": _seconds(version.job_started_at,
-                                                                           version.job_finished_at),
+        "created_at": version.created_at.isoformat(), "created": _shown(version.created_at),
+        "duration_s": _seconds(version.job_started_at, version.job_finished_at),
         "result": version.error if state == "failed" else ("ready" if state == "done" else ""),
         "link": reverse("console:models"),
     }
@@ -53,7 +57,8 @@ def _batch_row(batch) -> dict:
     return {
         "id": f"batch-{batch.public_id}", "kind": "batch", "subject": f"{batch.public_id} ({batch.endpoint})",
         "state": state, "step": batch.status, "progress": round(100 * done / batch.num_total) if batch.num_total else 0,
-        "created_at": batch.created_at.isoformat(), "duration_s": _seconds(batch.in_progress_at, ended),
+        "created_at": batch.created_at.isoformat(), "created": _shown(batch.created_at),
+        "duration_s": _seconds(batch.in_progress_at, ended),
         "result": result, "link": reverse("console-batches"),
     }
 
