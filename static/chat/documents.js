@@ -1,4 +1,5 @@
-// Documents attached to the next message: text files read here (UTF-8) and sent whole with it;
+// Documents attached to the next message: text files read here (UTF-8), a PDF's text from the
+// server, sent whole with it;
 // the server refuses one that is not text, or that does not fit the model's context.
 window.PagodaDocuments = function (showError, focusPrompt) {
   "use strict";
@@ -25,8 +26,24 @@ window.PagodaDocuments = function (showError, focusPrompt) {
   function renderPending() {
     attachmentsEl.replaceChildren(pending.length ? documentChips(pending.map((d) => d.name), true) : "");
   }
+  // A PDF's text comes from the server (pypdf): the page sends the file, then attaches the text.
+  async function pdfText(file) {
+    const body = new FormData();
+    body.append("file", file);
+    const token = document.querySelector("input[name=csrfmiddlewaretoken]");
+    const response = await fetch(attachEl.dataset.pdfUrl, {
+      method: "POST", body, headers: token ? { "X-CSRFToken": token.value } : {}, credentials: "same-origin",
+    });
+    const answer = await response.json().catch(() => ({ error: `${file.name} could not be read.` }));
+    if (!response.ok) throw new Error(answer.error || `${file.name} could not be read.`);
+    return answer.text;
+  }
   attachEl.addEventListener("change", async () => {
     for (const file of attachEl.files) {
+      if (/\.pdf$/i.test(file.name)) {
+        try { pending.push({ name: file.name, text: await pdfText(file) }); } catch (err) { showError(err.message); }
+        continue;
+      }
       const text = await file.text();
       if (text.indexOf("\u0000") >= 0) { showError(`${file.name} is not a text file.`); continue; }
       pending.push({ name: file.name, text });

@@ -83,3 +83,20 @@ def test_a_file_too_large_for_the_context_is_refused_saying_so(page, chat_site, 
     expect(page.locator("#prompt")).to_have_value("Summarise it.")  # given back, with the file still attached
     expect(page.locator("#attachments li")).to_have_count(1)
     page.screenshot(path=str(artifacts_dir / "chat-documents-too-large.png"))
+
+
+def test_a_pdfs_text_reaches_the_model_and_a_scan_is_refused_saying_so(page, chat_site, tmp_path, artifacts_dir):
+    from tests.webapp.test_chat_pdf import pdf_with_pages
+
+    report = tmp_path / "report.pdf"
+    report.write_bytes(pdf_with_pages("Keeper's report.", "THE SECRET WORD IS PELICAN."))
+    scan = tmp_path / "scan.pdf"
+    scan.write_bytes(pdf_with_pages(""))
+    page.set_input_files("#attach", [str(report), str(scan)])
+    expect(page.locator(".error-banner")).to_contain_text("scan.pdf has no text to read")
+    expect(page.locator("#attachments li")).to_have_text("report.pdf×")  # the scan is not attached
+    ask(page, "What is the secret word in the report? Answer with the word.", max_tokens=16)
+    expect(page.locator(".message.assistant")).to_have_count(1)
+    assert "PELICAN" in answered(page).upper()
+    expect(page.locator(".message.user .documents li")).to_have_text("report.pdf")
+    page.screenshot(path=str(artifacts_dir / "chat-documents-pdf.png"))

@@ -8,17 +8,25 @@ with a message saying how many tokens it needs and how many the model reads
 (services.turn_prepare).
 
 Accepted: plain text, Markdown, CSV/TSV, JSON/YAML/TOML/XML/HTML and source code, by extension;
-a file with NUL characters is binary and refused.
+a file with NUL characters is binary and refused. A PDF is read here instead (``pdf_text``, with
+pypdf; the page posts it to ``chat:document-text`` first): its text layer, page by page, then sent
+as any text document is; one without text (a scan), encrypted or unreadable is refused saying so.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 from pathlib import PurePosixPath
+
+logger = logging.getLogger(__name__)
 
 TEXT_EXTENSIONS = frozenset(
     "txt md markdown rst csv tsv json jsonl yaml yml toml ini cfg conf xml html htm css log tex "
     "py js mjs ts tsx jsx java kt c h cc cpp hpp cs go rs rb php pl swift scala sh bash zsh sql r lua "
-    "m dart hs ex exs erl clj vue svelte".split())
+    "m dart hs ex exs erl clj vue svelte pdf".split())  # pdf: its text, extracted by pdf_text
+MAX_PDF_BYTES = 20 * 1024 * 1024
+MAX_PDF_PAGES = 500
 MAX_DOCUMENTS = 8
 MAX_NAME_CHARS = 200
 MAX_DOCUMENT_CHARS = 300_000  # all of a turn's documents together (~75k tokens); the model's context decides the rest
@@ -62,3 +70,32 @@ def prompt_text(*, content: str, attachments: list[dict]) -> str:
     """A user message as the model reads it: each document whole, then the message."""
     parts = [f'<document name="{d["name"]}">\n{d["text"]}\n</document>\n\n' for d in attachments]
     return "".join(parts) + content
+
+
+def pdf_text(name: str, data: bytes) -> str:
+    """The text layer of a PDF, its pages separated by blank lines; DocumentError saying why not."""
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    if len(data) > MAX_PDF_BYTES:
+        raise DocumentError(f"{name} is larger than {MAX_PDF_BYTES // (1024 * 1024)} MiB.")
+    if not data.startswith(b"%PDF-"):
+        raise DocumentError(f"{name} is not a PDF file.")
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise DocumentError(f"{name} is encrypted; remove its password first.")
+        if len(reader.pages) > MAX_PDF_PAGES:
+            raise DocumentError(f"{name} has more than {MAX_PDF_PAGES} pages.")
+        pages = [(page.extract_text() or "").strip() for page in reader.pages]
+    except DocumentError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as exc:
+        logger.info("could not read the PDF %s: %s", name, exc)
+        raise DocumentError(f"{name} could not be read as a PDF.") from exc
+    text = "\n\n".join(p for p in pages if p).replace("\x00", "")
+    if not text:
+        raise DocumentError(f"{name} has no text to read (a scanned PDF needs OCR first).")
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise DocumentError(f"{name} has more than {MAX_DOCUMENT_CHARS:,} characters of text.")
+    return text

@@ -13,6 +13,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/", views.chat_page, name="conversation"),
     path("c/<int:conversation_id>/rename", views.conversation_rename_view, name="conversation-rename"),
     path("c/<int:conversation_id>/delete", views.conversation_delete_view, name="conversation-delete"),
+    path("documents/text", views.document_text_view, name="document-text"),
     path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

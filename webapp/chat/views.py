@@ -1,12 +1,16 @@
-"""The chat page and the sidebar's rename / delete; the conversation itself runs over the WebSocket."""
+"""The chat page, the sidebar's rename / delete and a PDF's text for the page to attach; the
+conversation itself runs over the WebSocket."""
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.chat.documents import MAX_NAME_CHARS, MAX_PDF_BYTES, DocumentError, pdf_text
 from webapp.chat.generations import running_conversation_ids
 from webapp.chat.selectors import (chat_defaults_by_model, conversation_get, conversation_list, message_path_dicts,
                                    preset_list)
@@ -62,3 +66,20 @@ def conversation_rename_view(request, conversation_id: int):
 def conversation_delete_view(request, conversation_id: int):
     conversation_delete(conversation=_owned(request, conversation_id))
     return redirect("chat:index")
+
+
+@login_required
+@require_POST
+def document_text_view(request):
+    """POST a PDF (multipart ``file``): its text as {"name", "text"}, or 400 {"error"} saying why not."""
+    upload = request.FILES.get("file")
+    if upload is None:
+        return JsonResponse({"error": "No file was sent."}, status=400)
+    name = PurePosixPath(upload.name.replace("\\", "/")).name[:MAX_NAME_CHARS]
+    if upload.size > MAX_PDF_BYTES:
+        return JsonResponse({"error": f"{name} is larger than {MAX_PDF_BYTES // (1024 * 1024)} MiB."}, status=400)
+    try:
+        text = pdf_text(name, upload.read())
+    except DocumentError as exc:
+        return JsonResponse({"error": exc.message}, status=400)
+    return JsonResponse({"name": name, "text": text})
