@@ -20,6 +20,8 @@ import os
 import secrets
 import socket
 import threading
+import time
+import weakref
 
 from django.conf import settings
 
@@ -60,18 +62,9 @@ class RedisLease:
         with self._thread_lock:
             if self._held_by != os.getpid():
                 self._held_by = os.getpid()
-                threading.Thread(target=self._renew, args=(process,), name="pagoda-lease", daemon=True).start()
+                threading.Thread(target=_renew, args=(weakref.ref(self), process, self.ttl_s / 6),
+                                 name="pagoda-lease", daemon=True).start()
         return process
-
-    def _renew(self, process: str) -> None:
-        stop = threading.Event()
-        while not stop.wait(self.ttl_s / 6):
-            if process_id() != process:  # forked: the child's own hold() starts its own thread
-                return
-            try:
-                self._redis.set(self.key(process), "1", ex=self.ttl_s)
-            except Exception as exc:  # Redis away: what this process holds may be taken back
-                logger.warning("could not renew this process's lease %s: %s", process, exc)
 
     def alive(self, processes: set[str]) -> set[str]:
         """Which of ``processes`` hold a lease now."""
@@ -83,3 +76,26 @@ class RedisLease:
                 pipe.exists(self.key(process))
             answers = pipe.execute()
         return {p for p, n in zip(processes, answers) if n}
+
+
+def _renew(lease_ref: weakref.ref, process: str, every_s: float) -> None:
+    """Renew ``process``'s lease every ``every_s`` until the lease object is gone (its store was
+    dropped) or the process forked (the child's own hold() starts its own thread)."""
+    failing = False
+    while True:
+        time.sleep(every_s)
+        lease = lease_ref()
+        if lease is None or process_id() != process:
+            return
+        try:
+            lease._redis.set(lease.key(process), "1", ex=lease.ttl_s)
+        except Exception as exc:  # Redis away: what this process holds may be taken back
+            if not failing:
+                logger.warning("could not renew this process's lease %s (said once until it works "
+                               "again): %s", process, exc)
+            failing = True
+        else:
+            if failing:
+                logger.info("this process's lease %s is renewed again", process)
+            failing = False
+        del lease
