@@ -119,6 +119,20 @@ def test_a_lone_surrogate_gets_400_naming_the_field_and_a_usage_record(client, k
     assert (record.status, record.error_code, record.end_user) == ("error", "invalid_parameter", "")
 
 
+@pytest.mark.parametrize(("url", "body", "param"), [
+    (CHAT, '{"model": "tiny\\u0000", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    (CHAT, '{"model": "tiny", "messages": [{"role": "user", "content": "a\\u0000b"}]}', "messages[0].content"),
+    (COMPLETIONS, '{"model": "tiny", "prompt": "\\u0000", "user": "x"}', "prompt"),
+])
+def test_a_nul_character_gets_400_naming_the_field_and_a_usage_record(client, key, url, body, param):
+    """PostgreSQL's text cannot hold U+0000: found by the fuzz suite's PostgreSQL run (a 500)."""
+    error = assert_invalid(post(client, url, body, key), param)
+
+    assert "NUL" in error["message"]
+    record = UsageRecord.objects.get()
+    assert (record.status, record.error_code) == ("error", "invalid_parameter")
+
+
 def test_a_valid_astral_character_is_not_a_surrogate(client, key):
     response = post(client, CHAT, chat(messages=[{"role": "user", "content": "hi \U0001F600"}], user="\U0001F600"),
                     key)

@@ -90,6 +90,8 @@ def _text(data: dict, name: str, max_chars: int | None = None) -> str:
     value = data.get(name) or ""
     if not isinstance(value, str):
         raise ChatInputError("invalid_parameter", f"{name} must be text", name)
+    if "\x00" in value:  # PostgreSQL's text cannot hold it
+        raise ChatInputError("invalid_parameter", f"{name} must not hold a NUL character", name)
     if max_chars is not None and len(value) > max_chars:
         raise ChatInputError("message_too_large", f"This text has {len(value)} characters; the most allowed is "
                              f"{max_chars}.", name)

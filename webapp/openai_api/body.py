@@ -3,8 +3,9 @@
 A hostile body fails here, before admission, as a 400 OpenAI error: JSON that is not valid, nested
 deeper than MAX_JSON_DEPTH (the JSON parser's own recursion would end in a RecursionError at about
 a thousand levels), or holding a string that is not valid Unicode (a lone surrogate such as
-``"\\ud800"`` parses, but no database, tokenizer or log can store it). The walk is iterative, so
-no body can make it recurse.
+``"\\ud800"`` parses, but no database, tokenizer or log can store it) or that holds a NUL
+character (``"\\u0000"``: PostgreSQL's text cannot hold it). The walk is iterative, so no body
+can make it recurse.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _check(data) -> None:
             if not _is_unicode(value):
                 raise errors.invalid_parameter(path or None, _where(path, "is not valid Unicode (it holds a lone "
                                                                           "surrogate)"))
+            if "\x00" in value:
+                raise errors.invalid_parameter(path or None, _where(path, "holds a NUL character (\\u0000)"))
             continue
         if not isinstance(value, (dict, list)):
             continue
@@ -48,9 +51,9 @@ def _check(data) -> None:
             raise _too_deep(path)
         if isinstance(value, dict):
             for key in reversed(list(value)):
-                if not _is_unicode(key):
+                if not _is_unicode(key) or "\x00" in key:
                     raise errors.invalid_parameter(path or None, _where(path, "has a key that is not valid "
-                                                                              "Unicode (a lone surrogate)"))
+                                                                              "Unicode or holds a NUL character"))
                 stack.append((value[key], f"{path}.{key}" if path else key, depth + 1))
         else:
             stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in reversed(list(enumerate(value))))
