@@ -22,6 +22,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
 from engine.admission import check_length, check_request, check_token_ids, encode_prompt
 from engine.errors import InvalidParameterError, RequestNotFoundError
+from engine.host_memory import release_after_load
 from engine.isolation import bisect, probe
 from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
@@ -70,6 +71,7 @@ class LLMEngine:
         self.eos_token_ids = sorted(eos)
         self.runner = ModelRunner(config, self.model_config, self.max_model_len,
                                   iter_weights(path, self.model_config), self.eos_token_ids, progress)
+        release_after_load()  # the GGUF reader's metadata, the load's freed heap
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,

@@ -64,8 +64,13 @@ def _open(path: Path) -> GGUFReader:
 @lru_cache(maxsize=1)
 def _cached_reader(path: str, mtime_ns: int) -> GGUFReader:
     # Parsing the metadata (tens of thousands of vocabulary strings) takes ~2 s; config and
-    # weights loading both need it. The tensors stay memory-mapped, so keeping one costs no RAM.
+    # weights loading both need it. The tensors stay memory-mapped, but the parsed metadata is
+    # ~150 MiB of Python objects for SmolLM2: forget_readers() drops it once the model is loaded.
     return GGUFReader(path)
+
+
+def forget_readers() -> None:
+    _cached_reader.cache_clear()
 
 
 def _field(reader: GGUFReader, key: str, default=None):
