@@ -128,7 +128,7 @@ def test_estimate_cli_prints_the_figures_as_json():
     assert figures["layouts"] == {"float": 0, "int4": 0, "int8": 210}
     assert figures["kv_tokens"] == 64 * 16
     assert figures["total_bytes"] == (figures["weights_bytes"] + figures["kv_cache_bytes"]
-                                      + figures["reader_bytes"] + figures["activation_bytes"])
+                                      + figures["tokenizer_bytes"] + figures["activation_bytes"])
 
 
 def test_estimate_cli_names_a_setting_that_does_not_fit_the_model():
