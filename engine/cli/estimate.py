@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from engine.cli.args import engine_kwargs
 from engine.estimate import MiB, estimate_memory
 
 HELP = "estimate the memory a model needs with the given settings, without loading it"
@@ -24,8 +25,6 @@ def add_args(p) -> None:
 
 
 def run(args, load_llm=None) -> int:
-    from engine.cli.main import engine_kwargs
-
     model = args.model_path or args.model
     memory = None if args.device_memory_gib is None else int(args.device_memory_gib * 2**30)
     estimate = estimate_memory(model, engine_kwargs(args), device=args.target, device_memory_bytes=memory)
