@@ -1,4 +1,4 @@
-"""Rank 0's handle on ranks 1..N-1, and the loop each of them runs.
+"""Rank 0's handle on ranks 1..N-1 (the loop each of them runs is engine/distributed/rank_main.py).
 
 Rank 0 starts one process per other rank (a subprocess), each joining the group on a free
 loopback port. Every step rank 0 sends each rank the scheduled entries as
@@ -170,34 +170,6 @@ class RankGroup:
         self.pipes = []
         if self.group is not None:
             self.group.close()
-
-
-def rank_main(rank: int, port: int, control_port: int, token: bytes, config, model_config,
-              max_model_len: int, eos_token_ids: list[int]) -> None:
-    """A rank > 0: load this rank's shard, then run every step rank 0 sends until told to stop."""
-    from engine.model_runner import ModelRunner
-    from engine.models.loader import iter_weights
-    from engine.models.registry import resolve_model_path
-
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"),
-                        format=f"%(asctime)s %(levelname)s rank {rank} %(name)s: %(message)s")
-    pipe = Connection(socket.create_connection(("127.0.0.1", control_port)).detach())
-    pipe.send((token, rank))
-    try:
-        weights = iter_weights(resolve_model_path(config.model), model_config)
-        runner = ModelRunner(config, model_config, max_model_len, weights, eos_token_ids,
-                             rank=rank, port=port)
-        while True:
-            try:
-                packed = pipe.recv()
-            except (EOFError, OSError):  # rank 0 is gone
-                break
-            if packed is None:
-                break
-            runner.run_shard(unpack_step(packed))
-    except Exception:
-        logger.exception("tensor-parallel rank %d failed", rank)
-        os._exit(1)  # not a clean teardown: rank 0 must see this rank gone
 
 
 def join(config, model_config, max_model_len: int, eos_token_ids: list[int], device, rank: int,
