@@ -10,9 +10,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from webapp.batches.files import output_file_create
 from webapp.batches.models import Batch
 from webapp.batches.serializers import batch_object, file_object
-from webapp.batches.services import file_create, output_file_create
+from webapp.batches.services import file_create
 from webapp.keys.services import apikey_create
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}}\n'

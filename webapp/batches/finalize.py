@@ -8,8 +8,8 @@ import json
 from django.utils import timezone
 
 from webapp.batches.execution import output_line
+from webapp.batches.files import output_file_create
 from webapp.batches.models import Batch, BatchLine
-from webapp.batches.services import output_file_create
 
 NOT_RUN = {
     Batch.Status.CANCELLING: ("batch_cancelled", "The batch was cancelled before this request ran."),

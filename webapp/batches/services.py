@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
 
 from webapp.batches.conf import batch_setting
+from webapp.batches.files import file_save
 from webapp.batches.lines import LineError, read_lines
 from webapp.batches.models import Batch, BatchFile
+from webapp.batches.tasks import batch_run_task
+from webapp.config.embedded_jobs import enqueue
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 
@@ -35,21 +37,8 @@ def file_create(*, api_key: ApiKey, filename: str, content: bytes, purpose: str 
             num_lines = len(read_lines(content, max_lines=batch_setting("PAGODA_BATCH_MAX_LINES")))
         except LineError as exc:
             raise exc.to_openai() from None
-    return _file_save(owner=api_key.owner, api_key=api_key, filename=filename, content=content, purpose=purpose,
-                      num_lines=num_lines)
-
-
-def _file_save(*, owner, api_key, filename: str, content: bytes, purpose: str, num_lines: int) -> BatchFile:
-    file = BatchFile(owner=owner, api_key=api_key, filename=filename[:255] or "file.jsonl", purpose=purpose,
-                     num_bytes=len(content), num_lines=num_lines)
-    file.content.save(f"{file.public_id}.jsonl", ContentFile(content), save=False)
-    file.save()
-    return file
-
-
-def output_file_create(*, batch: Batch, name: str, content: bytes, num_lines: int) -> BatchFile:
-    return _file_save(owner=batch.owner, api_key=batch.api_key, filename=f"{batch.public_id}_{name}.jsonl",
-                      content=content, purpose=BatchFile.Purpose.BATCH_OUTPUT, num_lines=num_lines)
+    return file_save(owner=api_key.owner, api_key=api_key, filename=filename, content=content, purpose=purpose,
+                     num_lines=num_lines)
 
 
 def file_delete(*, file: BatchFile) -> None:
@@ -73,9 +62,6 @@ def batch_create(*, api_key: ApiKey, input_file: BatchFile, endpoint: str, compl
 
 
 def batch_enqueue(*, batch_id: int) -> None:
-    from webapp.batches.tasks import batch_run_task
-    from webapp.config.embedded_jobs import enqueue
-
     enqueue(batch_run_task, batch_id)
 
 
