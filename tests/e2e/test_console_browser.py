@@ -261,6 +261,17 @@ def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artif
     assert_fits_the_window(page)
     shoot(page, artifacts_dir, "models-active")
 
+    # ---- its engine settings, unfolded: the memory estimate follows the values being edited
+    settings_of_v1 = page.locator("#versions tr.settings-row details.engine-settings").filter(
+        has=page.locator(f"form#settings-{version_row(page, 1).get_attribute('data-version')}"))
+    settings_of_v1.locator("summary").click()
+    estimate = settings_of_v1.locator(".memory-estimate")
+    expect(estimate).to_contain_text(re.compile(r"Memory: \d+(\.\d+)? MiB per rank"))
+    settings_of_v1.locator("select[name=quantization]").select_option("int8")
+    expect(estimate).to_contain_text("int8 projections")
+    assert_fits_the_window(page)
+    shoot(page, artifacts_dir, "models-engine-settings")
+
     page.goto(f"{url}/console/workers/")
     live = page.locator("#workers tbody tr.state-live", has=page.locator("td", has_text=re.compile(rf"^{MODEL}$")))
     expect(live).to_have_count(1)
