@@ -127,10 +127,12 @@ PAGODA_LOGIN_WINDOW_S = int(os.environ.get("PAGODA_LOGIN_WINDOW_S", "900"))
 PAGODA_LOGIN_LOCKOUT_S = int(os.environ.get("PAGODA_LOGIN_LOCKOUT_S", "900"))
 
 if REDIS_URL:
+    # A socket timeout above channels_redis's 5 s blocking read (BZPOPMIN): redis-py's default is
+    # 5 s too, and with it every idle chat socket failed with 1011 after five seconds.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}]},
         },
     }
 else:
