@@ -237,61 +237,6 @@ def test_the_lines_of_a_batch_whose_key_is_revoked_fail_with_401(client, served,
     assert errors[0]["response"]["body"]["error"]["code"] == "invalid_api_key"
 
 
-LINE_TOKENS = 300  # with the interactive request's 300, within the pool's 1,024 tokens
-
-
-def test_running_lines_step_aside_for_an_interactive_request_and_run_again_after_it(client, served, keys,
-                                                                                  monkeypatch):
-    """Engine steps paced (20 ms) so both outlast the runner's look at the workers (a few 1 s
-    heartbeats): the interactive request arrives while lines run, they are preempted (aborted,
-    queued again) and finish after it. (At 10 ms and 150 tokens a line could end before the runner
-    saw the interactive request: the PostgreSQL run caught it.)"""
-    import asyncio
-    import threading
-    import time
-
-    from engine.llm_engine import LLMEngine
-    from workers.connect import get_engine_client
-    from workers.protocol import GenerateRequest
-
-    step = LLMEngine.step
-    monkeypatch.setattr(LLMEngine, "step", lambda self: (time.sleep(0.02), step(self))[1])
-    engine = get_engine_client(None)
-    ended = {}
-
-    async def interactive():
-        request = GenerateRequest(request_id="interactive-1", model=MODEL, prompt_token_ids=[1, 2, 3],
-                                  params={"max_tokens": 300, "ignore_eos": True, "temperature": 0})
-        async for chunk in engine.generate(request):
-            ended["finish_reason"] = chunk.finish_reason
-        ended["at"] = timezone.now()
-
-    def when_lines_run():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(w.stats.get("num_inflight") for w in engine.live_workers(MODEL)):
-            time.sleep(0.05)
-        asyncio.run(interactive())
-
-    file = upload(client, keys["alice"], jsonl([request_line(i, p, max_tokens=LINE_TOKENS, ignore_eos=True)
-                                                for i, p in enumerate(PROMPTS[:2])])).json()
-    public_id = client.post("/v1/batches", json.dumps({"input_file_id": file["id"], "endpoint": "/v1/completions",
-                                                       "completion_window": "24h"}),
-                            content_type="application/json", **auth(keys["alice"])).json()["id"]
-    helper = threading.Thread(target=when_lines_run)
-    helper.start()
-    assert batch_run(batch_id=Batch.objects.get(public_id=public_id).pk) == "completed"
-    helper.join(60)
-
-    lines = list(BatchLine.objects.filter(batch__public_id=public_id))
-    assert ended["finish_reason"] == "length" and [line.status for line in lines] == ["completed"] * 2
-    assert all(line.num_attempts == 1 for line in lines)  # a preemption is not an attempt
-    final = UsageRecord.objects.filter(request_id__in=[line.request_id for line in lines])
-    assert [(r.status, r.completion_tokens) for r in final] == [("ok", LINE_TOKENS)] * 2
-    assert all(r.created_at > ended["at"] for r in final), ([r.created_at for r in final], ended["at"])
-    preempted = UsageRecord.objects.filter(api_key__owner__username="alice", status="aborted")
-    assert preempted.count() >= 1  # the tokens they used are on record
-
-
 def test_a_line_larger_than_the_keys_token_rate_fails_at_once_while_the_others_run(client, served, keys):
     from webapp.keys.models import ApiKey
 

@@ -16,6 +16,9 @@ DEFAULTS = {
     # (aborted and queued again), so a batch only fills idle capacity.
     "PAGODA_BATCH_MAX_IN_FLIGHT": 4,
     "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": 0,
+    # A batch held off so, with none of its lines running, for this long gets one line in anyway
+    # (its minimum share under interactive traffic that never stops), then steps aside again.
+    "PAGODA_BATCH_MAX_STARVATION_S": 10.0,
     # A line refused for a reason that passes (a rate limit, no worker yet, a worker lost) is
     # tried again this many times in all before it fails.
     "PAGODA_BATCH_MAX_ATTEMPTS": 5,

@@ -56,6 +56,7 @@ class Running:
     task: asyncio.Task | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     preempted: bool = False  # cancelled to leave the steps to interactive requests: queued again
+    is_minimum_share: bool = False  # let in while others run, the batch having waited too long: not preempted
 
 
 @dataclass

@@ -9,10 +9,14 @@ never wrote its result) or done (kept). A line is tried at most PAGODA_BATCH_MAX
 At most PAGODA_BATCH_MAX_IN_FLIGHT lines are in the engine at once, and only
 PAGODA_BATCH_MAX_IN_FLIGHT_BUSY (default 0) while the model's workers hold other requests than the
 batch's: lines over it are preempted (aborted, queued again, the attempt not counted), so that
-interactive requests get the engine's steps to themselves and a batch fills idle capacity. The
-engine's scheduler knows no better than that: under its default FCFS policy a running sequence is
+interactive requests get the engine's steps to themselves and a batch fills idle capacity; a batch
+held off with no line running for PAGODA_BATCH_MAX_STARVATION_S gets one line in anyway (share.py).
+The engine's scheduler knows no better than that: under its default FCFS policy a running sequence is
 never set aside for a newer one, whatever its priority (BATCH_PRIORITY orders the queue only under
 the "priority" policy).
+A line that ends wakes the runner at once (its future's callback puts it on a queue), which
+records it and sends the next line; the heartbeat tick only bounds how long the runner waits for
+news of the batch (a cancel) and of the workers while no line ends.
 Cancelling (status cancelling) aborts the running lines and ends the batch cancelled.
 """
 
@@ -20,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 import uuid
-from collections import deque
 from concurrent import futures
 
 from django.conf import settings
@@ -36,19 +40,14 @@ from webapp.batches.conf import batch_setting
 from webapp.batches.finalize import batch_finalize
 from webapp.batches.lines import LineError, read_lines
 from webapp.batches.models import Batch, BatchLine
+from webapp.batches.share import Allowance, Share
 from webapp.config.shutdown import shutting_down
 from webapp.keys.selectors import apikey_allows_model
 from webapp.registry.selectors import modelversion_get_active
 from workers.connect import get_engine_client
 from workers.transport import is_serving
-from workers.protocol import HEARTBEAT_INTERVAL_S
 
 logger = logging.getLogger(__name__)
-OWN_WINDOW_S = 3 * HEARTBEAT_INTERVAL_S  # how stale a worker's announced counts may be
-HEARTBEAT_SLACK_S = 0.5  # lines sent or ended this close before a beat may or may not be in its count
-# Busy once, busy for this long: one user's requests one after another leave gaps shorter than a
-# heartbeat, which must not let the lines back in between them.
-BUSY_HOLD_S = 3 * HEARTBEAT_INTERVAL_S
 
 
 def batch_claim(*, batch_id: int, runner_id: str, force: bool = False) -> bool:
@@ -101,10 +100,12 @@ class Runner:
         self.loop_thread = threading.Thread(target=self.loop.run_forever, name=f"pagoda-batch-{batch.public_id}",
                                             daemon=True)
         self.in_flight: dict[futures.Future, execution.Running] = {}
+        self.ended: queue.SimpleQueue[futures.Future] = queue.SimpleQueue()  # in flight, done: to finish
         self.not_before: dict[int, float] = {}  # line pk -> monotonic time of its next try
         self.last_beat = 0.0
-        self.own: deque[tuple[float, int]] = deque()  # (wall-clock time, lines in flight)
-        self.busy_until = 0.0  # monotonic
+        self.share = Share(max_in_flight=batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT"),
+                           max_in_flight_busy=batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY"),
+                           max_starvation_s=batch_setting("PAGODA_BATCH_MAX_STARVATION_S"))
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -121,10 +122,9 @@ class Runner:
                     self.wait_all()
                     Batch.objects.filter(pk=self.batch.pk, runner_id=self.runner_id).update(runner_id="")
                     return
-                limit = self.limit()
-                if len(self.in_flight) > limit:
-                    self.preempt(limit)
-                self.fill(limit)
+                allowance = self.allowance()
+                self.preempt(allowance.max_lines)
+                self.fill(allowance)
                 if not self.in_flight and not self.has_pending():
                     break
                 self.wait(batch_setting("PAGODA_BATCH_HEARTBEAT_S") / 2)
@@ -145,36 +145,18 @@ class Runner:
             self.last_beat = now
         return Batch.objects.filter(pk=self.batch.pk).values_list("status", flat=True).first()
 
-    def limit(self) -> int:
-        """How many lines may be in flight now: PAGODA_BATCH_MAX_IN_FLIGHT_BUSY while the model's
-        workers hold requests other than this batch's. A worker's count is as of its last
-        heartbeat, so it is compared with the most lines this runner had in flight just before it."""
-        most = batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT")
-        now = time.time()
-        self.own.append((now, len(self.in_flight)))
-        while self.own and self.own[0][0] < now - OWN_WINDOW_S:
-            self.own.popleft()
+    def allowance(self) -> Allowance:
         workers = [w for w in get_engine_client(settings.REDIS_URL).live_workers(self.batch.model_name)
                    if is_serving(w)]
-        if not workers:  # none yet (a restart) or none any more: wait for one rather than fail lines
-            return 0
-        busy = False
-        for worker in workers:
-            beat = worker.last_heartbeat
-            own = max((n for t, n in self.own if beat - HEARTBEAT_SLACK_S <= t <= beat), default=None)
-            if own is None:  # a beat older than what is remembered: nothing to compare with
-                own = max(n for _, n in self.own)
-            busy = busy or worker.stats.get("num_inflight", 0) > own
-        if busy:
-            self.busy_until = time.monotonic() + BUSY_HOLD_S
-        if time.monotonic() < self.busy_until:
-            return min(most, batch_setting("PAGODA_BATCH_MAX_IN_FLIGHT_BUSY"))
-        return most
+        return self.share.allowance(workers)  # no worker yet (a restart) or any more: 0, wait for one
 
     def preempt(self, limit: int) -> None:
         """Over the limit (interactive requests arrived): the newest lines are aborted and queued
-        again; their attempt does not count, the tokens they used are recorded (usage, aborted)."""
-        for running in list(self.in_flight.values())[limit:]:
+        again; their attempt does not count, the tokens they used are recorded (usage, aborted). A
+        line let in for the batch's minimum share runs on."""
+        kept = sum(r.is_minimum_share for r in self.in_flight.values())
+        preemptible = [r for r in self.in_flight.values() if not r.is_minimum_share]
+        for running in preemptible[max(limit - kept, 0):]:
             if not running.cancelled.is_set():
                 running.preempted = True
                 running.cancelled.set()
@@ -185,8 +167,8 @@ class Runner:
         return self.batch.lines.filter(status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING]
                                        ).exclude(pk__in=[r.line.pk for r in self.in_flight.values()]).exists()
 
-    def fill(self, limit: int) -> None:
-        room = limit - len(self.in_flight)
+    def fill(self, allowance: Allowance) -> None:
+        room = allowance.max_lines - len(self.in_flight)
         if room <= 0:
             return
         now = time.monotonic()
@@ -206,20 +188,29 @@ class Runner:
                     line.save(update_fields=["num_attempts"])
                 self.record(line, started)
                 continue
+            started.is_minimum_share = allowance.is_minimum_share
+            self.share.record(len(self.in_flight) + 1)  # before the worker can count it
             future = asyncio.run_coroutine_threadsafe(execution.collect(started), self.loop)
             self.in_flight[future] = started
+            future.add_done_callback(self.ended.put)
             room -= 1
 
     def wait(self, timeout: float) -> None:
-        if not self.in_flight:
-            time.sleep(timeout)
+        """Until a line ends (then finish it and any others that ended with it) or ``timeout`` passes."""
+        try:
+            future = self.ended.get(timeout=timeout)
+        except queue.Empty:
             return
-        done, _ = futures.wait(list(self.in_flight), timeout=timeout, return_when=futures.FIRST_COMPLETED)
-        for future in done:
+        while True:
             self.finish(future)
+            try:
+                future = self.ended.get_nowait()
+            except queue.Empty:
+                return
 
     def finish(self, future: futures.Future) -> None:
         running = self.in_flight.pop(future)
+        self.share.record(len(self.in_flight))
         failure = future.exception()
         aborted = failure is None and future.result()
         can_retry = running.line.num_attempts < batch_setting("PAGODA_BATCH_MAX_ATTEMPTS") and not aborted
