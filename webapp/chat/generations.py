@@ -12,8 +12,11 @@ What aborts it: Stop (``stop``), or the user's cap on answers nobody is listenin
 than that many of the user's answers without a listener, the oldest of them is stopped. The
 shutdown drain sees each one through ``track`` and records it as it records API requests.
 
-The registry is per web process: with several Daphne processes behind a balancer, a socket
-reattaches only to answers of its own process (the page then shows the stored answer on reload).
+In distributed mode (REDIS_URL set) this registry still holds only this process's answers, and
+chat.relay makes each of them known to the other web processes and publishes its frames
+(numbered: ``seq``): a socket on another process follows it (chat.follow), Stop pressed there
+stops it, and such a remote listener counts as a listener for the cap. Embedded mode never
+loads the relay.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from webapp.chat import relay
 from webapp.chat.selectors import Tree
 from webapp.chat.services import Turn, turn_finish
 from webapp.config.shutdown import track
@@ -50,6 +54,11 @@ class Generation:
     listeners: set = field(default_factory=set)  # asyncio.Queue, one per socket
     task: asyncio.Task | None = None
     unheard_since: float | None = None  # time.monotonic() the last listener left
+    seq: int = 0  # frames broadcast so far (the start frame is not one)
+    remote: set = field(default_factory=set)  # relay channels of sockets on other processes (chat.relay)
+    published: asyncio.Queue | None = None  # (seq, frame) for the other processes; distributed mode only
+    owner: str | None = None  # this process's relay channel, once registered
+    ended: bool = False  # its last frame ("done" or "error") is broadcast: the answer is stored
 
     @property
     def user_id(self) -> int:
@@ -59,9 +68,17 @@ class Generation:
     def conversation_id(self) -> int:
         return self.turn.conversation.pk
 
+    @property
+    def heard(self) -> bool:
+        return bool(self.listeners or self.remote)
+
     def broadcast(self, frame: dict) -> None:
+        self.seq += 1
+        self.ended = self.ended or frame["type"] in ("done", "error")
         for outbox in list(self.listeners):
             outbox.put_nowait(frame)
+        if self.published is not None:
+            self.published.put_nowait((self.seq, frame))
 
 
 _running: dict[int, Generation] = {}  # conversation id -> its running answer
@@ -95,7 +112,9 @@ def running_for(*, user, conversation_id) -> Generation | None:
 
 
 def running_conversation_ids(*, user) -> set[int]:
-    return {g.conversation_id for g in _running.values() if g.user_id == user.pk}
+    """The user's conversations with an answer running: here, or (distributed mode) in any process."""
+    here = {g.conversation_id for g in _running.values() if g.user_id == user.pk}
+    return here | relay.running_ids(user_id=user.pk) if relay.enabled() else here
 
 
 def start(*, turn: Turn, start_frame: dict, outbox: asyncio.Queue) -> Generation:
@@ -108,6 +127,8 @@ def start(*, turn: Turn, start_frame: dict, outbox: asyncio.Queue) -> Generation
     generation.task.add_done_callback(lambda task: _cancelled_before_running(generation, task))
     # Tracked: a server shutting down waits for the answer (or records it as aborted).
     track(turn.request_id, generation.task, until_done=True)
+    if relay.enabled():
+        relay.publish(generation)  # after the callback above: its abort frame is published too
     return generation
 
 
@@ -118,14 +139,31 @@ def attach(generation: Generation, outbox: asyncio.Queue) -> None:
     generation.unheard_since = None
 
 
+def hear_remote(generation: Generation, channel: str) -> None:
+    """A socket on another process follows the answer (chat.relay)."""
+    generation.remote.add(channel)
+    generation.unheard_since = None
+
+
+def unhear_remote(generation: Generation, channel: str) -> None:
+    generation.remote.discard(channel)
+    if not generation.heard:
+        generation.unheard_since = time.monotonic()
+    _stop_over_cap(generation.user_id)
+
+
 def detach(outbox: asyncio.Queue, *, user) -> None:
     """A socket went away: it stops listening; past the user's cap, the oldest unheard answer stops."""
     for generation in list(_running.values()):
         if outbox in generation.listeners:
             generation.listeners.discard(outbox)
-            if not generation.listeners:
+            if not generation.heard:
                 generation.unheard_since = time.monotonic()
-    unheard = sorted((g for g in _running.values() if g.user_id == user.pk and not g.listeners),
+    _stop_over_cap(user.pk)
+
+
+def _stop_over_cap(user_id: int) -> None:
+    unheard = sorted((g for g in _running.values() if g.user_id == user_id and not g.heard),
                      key=lambda g: g.unheard_since or 0.0)
     for generation in unheard[:max(0, len(unheard) - max_background_answers())]:
         logger.info("chat answer %s stopped: over the cap of background answers", generation.turn.request_id)
