@@ -173,12 +173,23 @@ def shoot(page, artifacts_dir: Path, name: str) -> None:
 
 
 def assert_fits_the_window(page) -> None:
-    """The page is no wider than the window (wide tables scroll in place) and the nav spans it all."""
+    """The page is no wider than the window (wide tables scroll in place), the nav spans it all, and
+    every form control on it is labelled."""
     page_width, nav_width, window_width = page.evaluate(
         "() => [document.documentElement.scrollWidth, document.querySelector('nav.console-nav')"
         ".getBoundingClientRect().width, window.innerWidth]")
     assert page_width <= window_width, f"{page.url} is {page_width} px wide in a {window_width} px window"
     assert nav_width == page_width, f"{page.url}: the nav is {nav_width} px wide on a {page_width} px page"
+    assert_every_control_is_labelled(page)
+
+
+def assert_every_control_is_labelled(page) -> None:
+    """Every input, select and textarea a person can reach has a label (or an aria-label) naming it."""
+    unnamed = page.evaluate("""() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+        .filter((el) => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                        && !el.getAttribute('aria-labelledby'))
+        .map((el) => el.outerHTML.slice(0, 120))""")
+    assert unnamed == [], f"{page.url}: form controls without a label: {unnamed}"
 
 
 def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artifacts_dir, checkpoint_zip,
@@ -340,7 +351,7 @@ def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artif
     shoot(page, artifacts_dir, "jobs")
     for name in ("batches", "chat-limits"):
         page.goto(f"{url}/console/{name}/")
-        expect(page.locator("nav.console-nav a.current")).to_have_count(1)
+        expect(page.locator("nav.console-nav a.current[aria-current=page]")).to_have_count(1)
         assert_fits_the_window(page)
         shoot(page, artifacts_dir, name)
 
