@@ -156,8 +156,11 @@ def test_a_reload_landing_on_the_other_web_process_continues_the_answer_stored_o
             marked = await asyncio.to_thread(sidebar_marks_running, web2, cookie, conversation)
             second = await ChatSocket.open(web2, cookie)
             await second.send({"type": "attach", "conversation": conversation})
+            attached = time.monotonic()
             thaw()
-            heard_second = await second.until("done", "error")
+            heard_second = await second.until("resume")
+            print(f"web2's snapshot from web1 came {1000 * (time.monotonic() - attached):.0f} ms after the attach")
+            heard_second += await second.until("done", "error")
         await second.close()
         return conversation, heard_first, marked, heard_second
 

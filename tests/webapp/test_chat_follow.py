@@ -1,7 +1,8 @@
 """A follower of an answer another web process runs (webapp/chat/follow.py) shows every numbered
 frame once and in order, whatever order the snapshot and the group's frames arrive in: frames
 from before the snapshot are dropped, frames after it wait for their turn, a repeated or an older
-snapshot changes nothing, and the last frame ends the following. The cross-process path itself
+snapshot changes nothing, and the last frame ends the following; and on the owner's side, a follower
+that goes silent stops counting as a listener. The cross-process path itself
 is tests/e2e/test_chat_reattach_processes.py."""
 
 from __future__ import annotations
@@ -65,3 +66,22 @@ async def test_a_fresh_snapshot_after_a_lost_frame_shows_the_whole_text_again():
     f.on_frames(frames(5, delta("e")))
     assert [x.get("text") for x in shown] == ["ab", "abcd", "e"]
     assert f.waiting_since is None and not ended
+
+
+def test_a_follower_elsewhere_counts_as_a_listener_until_it_goes_silent(settings):
+    """The owner's side: a remote listener that stops saying "chat.hear" (its process died) lapses,
+    so the cap on unheard answers applies to the answer again."""
+    from webapp.chat.generations import Generation, hear_remote
+
+    settings.PAGODA_CHAT_RELAY_TTL_S = 3
+    generation = Generation(turn=None, start_frame=START)
+    assert not generation.heard
+    hear_remote(generation, "specific.web2!a")
+    assert generation.heard and generation.unheard_since is None
+    generation.remote["specific.web2!a"] -= 3.5  # silent for longer than the registry's lifetime
+    assert not generation.heard
+    hear_remote(generation, "specific.web2!a")  # its next "chat.hear"
+    assert generation.heard
+    generation.remote.clear()
+    generation.listeners.add(asyncio.Queue())
+    assert generation.heard

@@ -228,6 +228,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         follower = self.followers.get(conversation)
         if follower is not None and not follower.ended and follower.request_id == entry["request_id"]:
             return True  # followed already
+        if follower is not None:
+            await follower.close()  # an earlier answer of the conversation: a newer one runs now
         follower = Follower(entry=entry, conversation_id=conversation, user_id=self.user.pk,
                             channel_name=self.channel_name, emit=self.emit, on_end=self._followed)
         self.followers[conversation] = follower

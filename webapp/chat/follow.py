@@ -128,11 +128,14 @@ class Follower:
         await relay.send(self.owner, self.message("chat.attach"))
 
     async def _watching(self) -> None:
-        misses, unreadable_since = 0, None
+        misses, unreadable_since, said_at = 0, None, time.monotonic()
         while not self.ended:
             await asyncio.sleep(CHECK_S)
             if self.ended:
                 return
+            if time.monotonic() - said_at >= relay.ttl_s() / 3:
+                said_at = time.monotonic()
+                await relay.send(self.owner, self.message("chat.hear"))  # still listening
             waited = time.monotonic() - self.waiting_since if self.waiting_since is not None else 0.0
             if waited > (RESUME_S if self.shown is None else GAP_S):
                 logger.info("chat follow: %s: a fresh snapshot (%s)", self.request_id,

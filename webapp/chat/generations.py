@@ -15,8 +15,8 @@ shutdown drain sees each one through ``track`` and records it as it records API 
 In distributed mode (REDIS_URL set) this registry still holds only this process's answers, and
 chat.relay makes each of them known to the other web processes and publishes its frames
 (numbered: ``seq``): a socket on another process follows it (chat.follow), Stop pressed there
-stops it, and such a remote listener counts as a listener for the cap. Embedded mode never
-loads the relay.
+stops it, and such a remote listener counts as a listener for the cap while it keeps saying so
+(a follower whose process died lapses after ``relay.ttl_s()``). Embedded mode never uses the relay.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Generation:
     task: asyncio.Task | None = None
     unheard_since: float | None = None  # time.monotonic() the last listener left
     seq: int = 0  # frames broadcast so far (the start frame is not one)
-    remote: set = field(default_factory=set)  # relay channels of sockets on other processes (chat.relay)
+    remote: dict = field(default_factory=dict)  # relay channel of a socket elsewhere -> monotonic() last heard
     published: asyncio.Queue | None = None  # (seq, frame) for the other processes; distributed mode only
     owner: str | None = None  # this process's relay channel, once registered
     ended: bool = False  # its last frame ("done" or "error") is broadcast: the answer is stored
@@ -70,7 +70,8 @@ class Generation:
 
     @property
     def heard(self) -> bool:
-        return bool(self.listeners or self.remote)
+        now, lapse = time.monotonic(), relay.ttl_s()
+        return bool(self.listeners) or any(now - heard_at < lapse for heard_at in self.remote.values())
 
     def broadcast(self, frame: dict) -> None:
         self.seq += 1
@@ -141,15 +142,15 @@ def attach(generation: Generation, outbox: asyncio.Queue) -> None:
 
 def hear_remote(generation: Generation, channel: str) -> None:
     """A socket on another process follows the answer (chat.relay)."""
-    generation.remote.add(channel)
+    generation.remote[channel] = time.monotonic()
     generation.unheard_since = None
 
 
 def unhear_remote(generation: Generation, channel: str) -> None:
-    generation.remote.discard(channel)
+    generation.remote.pop(channel, None)
     if not generation.heard:
         generation.unheard_since = time.monotonic()
-    _stop_over_cap(generation.user_id)
+    stop_over_cap(generation.user_id)
 
 
 def detach(outbox: asyncio.Queue, *, user) -> None:
@@ -159,10 +160,11 @@ def detach(outbox: asyncio.Queue, *, user) -> None:
             generation.listeners.discard(outbox)
             if not generation.heard:
                 generation.unheard_since = time.monotonic()
-    _stop_over_cap(user.pk)
+    stop_over_cap(user.pk)
 
 
-def _stop_over_cap(user_id: int) -> None:
+def stop_over_cap(user_id: int) -> None:
+    """Past the user's cap of answers nobody listens to, the oldest of them stops."""
     unheard = sorted((g for g in _running.values() if g.user_id == user_id and not g.heard),
                      key=lambda g: g.unheard_since or 0.0)
     for generation in unheard[:max(0, len(unheard) - max_background_answers())]:

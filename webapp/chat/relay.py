@@ -13,10 +13,12 @@ publishes its frames; a socket of the same user on any other process follows it 
 - The relay channel: one per process, for followers' requests: "chat.attach" (answered with
   "chat.resume": the text so far and the number of the last frame in it, taken without an await
   so that it splits the numbered frames exactly; or "chat.gone" when the answer has ended),
+  "chat.hear" (a follower still listens: it says so every ``ttl_s() / 3``; one silent for
+  ``ttl_s()`` no longer counts as a listener, and the cap on unheard answers applies again),
   "chat.detach" (a follower's socket went away) and "chat.stop" (Stop pressed on another process).
 
 A Redis error here is logged and costs only the other processes' view: the answer and its own
-process's listeners go on as in embedded mode, which never loads any of this.
+process's listeners go on as in embedded mode, which never uses any of this.
 """
 
 from __future__ import annotations
@@ -194,8 +196,12 @@ async def _relay_channel() -> str:
 
 
 async def _renewing() -> None:
+    from webapp.chat import generations  # generations imports this module
+
     while True:
         await asyncio.sleep(ttl_s() / 3)
+        for user_id in {g.user_id for g in _published.values()}:
+            generations.stop_over_cap(user_id)  # followers whose process died have lapsed
         client = aredis()
         for generation in list(_published.values()):
             if getattr(generation, "owner", None) is None:
@@ -239,6 +245,8 @@ async def _handle(message: dict) -> None:
         resume = {**generation.start_frame, "type": "resume", "text": generation.text}
         await send(reply_to, {"type": "chat.resume", "request_id": generation.turn.request_id,
                               "seq": generation.seq, "frame": resume})
+    elif kind == "chat.hear" and generation is not None and reply_to:
+        generations.hear_remote(generation, reply_to)
     elif kind == "chat.detach" and generation is not None and reply_to:
         generations.unhear_remote(generation, reply_to)
     elif kind == "chat.stop" and generation is not None:
