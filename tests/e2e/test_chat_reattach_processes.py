@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+import redis
 from websockets.asyncio.client import connect
 
 from tests.e2e.sites import TINY_SETTINGS, Site, free_port, make_site
@@ -101,8 +102,8 @@ class ChatSocket:
         await self.connection.close(1001)  # the page going away
 
 
-def turn(content: str) -> dict:
-    return {"type": "send", "model": MODEL, "content": content, "temperature": 0, "max_tokens": LONG,
+def turn(content: str, max_tokens: int = LONG) -> dict:
+    return {"type": "send", "model": MODEL, "content": content, "temperature": 0, "max_tokens": max_tokens,
             "system_prompt": ""}
 
 
@@ -139,6 +140,14 @@ def sidebar_marks_running(site: Site, cookie: str, conversation: int) -> bool:
     return re.search(rf'class="conv[^"]*\brunning\b[^"]*" data-id="{conversation}"', page.text) is not None
 
 
+def registry_lifetimes(web1: Site, conversation: int) -> tuple[int, int]:
+    """The milliseconds web1's registry entry of the answer has left, now and 1.5 s later."""
+    client = redis.Redis.from_url(web1.env["REDIS_URL"])
+    first = client.pttl(f"pagoda:chat:answer:{conversation}")
+    time.sleep(1.5)
+    return first, client.pttl(f"pagoda:chat:answer:{conversation}")
+
+
 def text_of(frames: list[dict]) -> str:
     return "".join(f["text"] for f in frames if f["type"] == "delta")
 
@@ -148,7 +157,7 @@ def test_a_reload_landing_on_the_other_web_process_continues_the_answer_stored_o
 
     async def scenario():
         first = await ChatSocket.open(web1, cookie)
-        await first.send(turn("Tell me a long story"))
+        await first.send(turn("Tell me a long story", max_tokens=160))  # frames flow after web2's snapshot
         heard_first = await first.until("delta")
         conversation = heard_first[0]["conversation"]["id"]
         with frozen(web1) as thaw:
@@ -173,7 +182,7 @@ def test_a_reload_landing_on_the_other_web_process_continues_the_answer_stored_o
     assert resume["type"] == "resume" and resume["user_message"] == heard_first[0]["user_message"]
     assert resume["text"].startswith(text_of(heard_first))
     assert done["type"] == "done" and done["finish_reason"] in ("stop", "length"), done
-    assert {d["type"] for d in deltas} == {"delta"}
+    assert deltas and {d["type"] for d in deltas} == {"delta"}  # live frames after the snapshot
     assert resume["text"] + text_of(deltas) == done["message"]["content"]  # nothing lost, nothing twice
     [(content, finish_reason, completion_tokens)] = stored_answers(web1, conversation)
     assert (content, finish_reason) == (done["message"]["content"], done["finish_reason"])
@@ -199,6 +208,7 @@ def test_stop_pressed_on_the_other_web_process_aborts_the_answer_in_the_engine(w
             other = await ChatSocket.open(web2, cookie)
             await other.send({"type": "attach", "conversation": conversation})
             [resume] = await other.until("resume")
+            lifetimes = await asyncio.to_thread(registry_lifetimes, web1, conversation)
             await other.send({**turn("And another one"), "conversation": conversation})
             [busy] = await other.until("error")  # one answer at a time, whichever process writes it
             await other.send({"type": "stop", "conversation": conversation})
@@ -206,12 +216,14 @@ def test_stop_pressed_on_the_other_web_process_aborts_the_answer_in_the_engine(w
             heard_owner += await owner.until("done", "error")
         await other.close()
         await owner.close()
-        return conversation, resume, busy, heard_other, heard_owner
+        return conversation, resume, lifetimes, busy, heard_other, heard_owner
 
     reasons_before = finished_by_reason(web1)
-    conversation, resume, busy, heard_other, heard_owner = asyncio.run(scenario())
+    conversation, resume, lifetimes, busy, heard_other, heard_owner = asyncio.run(scenario())
 
     assert busy["code"] == "busy"
+    # web1 renews its registry entry (every third of its lifetime) while the answer runs.
+    assert min(lifetimes) > 0 and lifetimes[1] > lifetimes[0] - 1500 + 300, lifetimes
     assert heard_other[-1]["type"] == heard_owner[-1]["type"] == "done", (heard_other[-1], heard_owner[-1])
     assert heard_other[-1]["finish_reason"] == heard_owner[-1]["finish_reason"] == "abort"
     assert heard_other[-1]["message"] == heard_owner[-1]["message"]

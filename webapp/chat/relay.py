@@ -200,16 +200,17 @@ async def _renewing() -> None:
 
     while True:
         await asyncio.sleep(ttl_s() / 3)
-        for user_id in {g.user_id for g in _published.values()}:
-            generations.stop_over_cap(user_id)  # followers whose process died have lapsed
-        client = aredis()
-        for generation in list(_published.values()):
-            if getattr(generation, "owner", None) is None:
-                continue
-            try:
-                await _renew(client, generation)
-            except redis.RedisError as exc:
-                logger.warning("chat relay: answer %s not renewed: %s", generation.turn.request_id, exc)
+        try:
+            for user_id in {g.user_id for g in _published.values()}:
+                generations.stop_over_cap(user_id)  # followers whose process died have lapsed
+            for generation in list(_published.values()):
+                if generation.owner is None or _published.get(generation.conversation_id) is not generation:
+                    continue  # not registered yet, or ended (and unregistered) during an earlier renewal
+                await _renew(aredis(), generation)
+        except redis.RedisError as exc:
+            logger.warning("chat relay: running answers not renewed: %s", exc)
+        except Exception:  # this loop must outlive a bug: without it every answer here would lapse
+            logger.exception("chat relay: renewing running answers failed")
 
 
 async def _answer(layer, name: str) -> None:
