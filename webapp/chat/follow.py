@@ -8,17 +8,19 @@ before the snapshot is dropped, one from after it waits for it). A missing frame
 dropped it: Redis hiccup, a full channel) is healed by asking for a fresh snapshot after
 ``GAP_S``: the page gets one more "resume" with the whole text so far.
 
-Failure: every ``CHECK_S`` the follower looks at the registry. The owner renews its entry while
-it lives; once the entry has been missing twice in a row and no last frame came (the owner died,
-or its last frame was lost), the follower ends from the database: the stored answer as a "done"
-frame, or {"type": "error", "code": "answer_lost"} when nothing was stored. A registry it cannot
-read for ``UNREACHABLE_S`` ends it too ("answer_unreachable": reload later to see it).
+Failure: every ``CHECK_S`` the follower looks at the registry. The owner renews its entry every
+third of its lifetime while it lives; once the entry has been missing for longer than one
+renewal (so not a Redis restart the owner has yet to re-register after) and no last frame came
+(the owner died, or its last frame was lost), the follower ends from the database: the stored
+answer as a "done" frame, or {"type": "error", "code": "answer_lost"} when nothing was stored.
+A registry it cannot read for ``UNREACHABLE_S`` ends it too ("answer_unreachable": reload later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -150,7 +152,7 @@ class Follower:
                     await self._conclude(unreachable=True)
                 continue
             misses = misses + 1 if found is None or found["request_id"] != self.request_id else 0
-            if misses >= 2:  # ended (its last frame lost or on its way for a whole check) or its owner died
+            if misses >= max(2, math.ceil((relay.ttl_s() / 3 + CHECK_S) / CHECK_S)):  # ended, or its owner died
                 await self._conclude()
 
     async def _conclude(self, unreachable: bool = False) -> None:
