@@ -14,12 +14,14 @@ for each of ``--rounds`` rounds (alternated, so that a shared machine's drifting
    is cancelled afterwards (it must still be running at the end, or the run says so).
 
 and prints the p50 of both, their ratio (target: within 1.2x) and the batch lines finished meanwhile.
-The runner's limits come from --in-flight and --busy-in-flight (PAGODA_BATCH_MAX_IN_FLIGHT and
-PAGODA_BATCH_MAX_IN_FLIGHT_BUSY). The machine is shared and noisy: only the ratio of one run means
+The runner's limits come from --in-flight, --busy-in-flight and --max-starvation
+(PAGODA_BATCH_MAX_IN_FLIGHT, PAGODA_BATCH_MAX_IN_FLIGHT_BUSY and PAGODA_BATCH_MAX_STARVATION_S: the
+batch's minimum share, one line let in after that long held off with none running). The machine is shared and noisy: only the ratio of one run means
 anything, and the load average is printed with it.
 
     .venv/bin/python bench/batch_interference.py [--rounds 3] [--requests 4] [--max-tokens 64]
         [--batch-lines 200] [--batch-max-tokens 64] [--in-flight 4] [--busy-in-flight 0]
+        [--max-starvation 10]
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def batch_file(args) -> bytes:
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 
-def wait_running(api: openai.OpenAI, batch_id: str, timeout: float = 120.0):
+def wait_running(api: openai.OpenAI, batch_id: str, timeout: float = 300.0):  # a shared machine is slow
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = api.batches.retrieve(batch_id)
@@ -85,10 +87,12 @@ def main() -> int:
     ap.add_argument("--batch-max-tokens", type=int, default=64)
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--busy-in-flight", type=int, default=0)
+    ap.add_argument("--max-starvation", type=float, default=10.0,
+                    help="seconds a batch held off with no line running waits before one line is let in")
     args = ap.parse_args()
     if min(args.rounds, args.requests, args.max_tokens, args.batch_lines, args.batch_max_tokens, args.in_flight) < 1 \
-            or args.busy_in_flight < 0:
-        ap.error("every count must be positive (--busy-in-flight may be 0)")
+            or args.busy_in_flight < 0 or args.max_starvation < 0:
+        ap.error("every count must be positive (--busy-in-flight may be 0, --max-starvation not negative)")
 
     root, env, key = prepare_workdir("pagoda-batch-interference-")
     port = free_port()
@@ -97,7 +101,8 @@ def main() -> int:
         services.spawn("daphne", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                   "webapp.config.asgi:application"],
                        {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_BATCH_MAX_IN_FLIGHT": str(args.in_flight),
-                        "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": str(args.busy_in_flight)})
+                        "PAGODA_BATCH_MAX_IN_FLIGHT_BUSY": str(args.busy_in_flight),
+                        "PAGODA_BATCH_MAX_STARVATION_S": str(args.max_starvation)})
         services.wait_ready(url)
         asyncio.run(interactive(url, key, argparse.Namespace(requests=1, max_tokens=8)))  # warm-up
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
@@ -125,6 +130,7 @@ def main() -> int:
         ("interactive requests x tokens", f"{args.requests} x {args.max_tokens}"),
         ("batch lines x tokens", f"{args.batch_lines} x {args.batch_max_tokens}"),
         ("runner in flight (idle / busy)", f"{args.in_flight} / {args.busy_in_flight}"),
+        ("minimum share: one line after (s)", f"{args.max_starvation:g}"),
         ("inter-token p50, idle (ms)", f"{1000 * p50_idle:.1f}"),
         ("inter-token p50, batch running (ms)", f"{1000 * p50_batch:.1f}"),
         ("inter-token p95, idle (ms)", f"{1000 * percentile(idle, 95):.1f}"),
