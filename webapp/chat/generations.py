@@ -78,7 +78,7 @@ class Generation:
         self.ended = self.ended or frame["type"] in ("done", "error")
         for outbox in list(self.listeners):
             outbox.put_nowait(frame)
-        if self.published is not None:
+        if self.published is not None and self.remote:  # none follows it elsewhere: nothing to publish
             self.published.put_nowait((self.seq, frame))
 
 

@@ -8,8 +8,9 @@ publishes its frames; a socket of the same user on any other process follows it 
   ``pagoda:chat:answers:<user>`` scores each running conversation with the time its entry lapses.
   Both live ``ttl_s()`` seconds and the owner renews them every third of it: a dead owner's
   answers leave the registry by themselves, which is how a follower elsewhere learns it died.
-- The frames: every frame the owner broadcasts gets a number (``Generation.seq``) and goes, in
-  order and in batches, to the channel-layer group ``group_name(request_id)`` as "chat.frames".
+- The frames: every frame the owner broadcasts gets a number (``Generation.seq``) and, once a
+  follower has attached (an answer nobody follows elsewhere costs Redis nothing), goes in order
+  and in batches to the channel-layer group ``group_name(request_id)`` as "chat.frames".
 - The relay channel: one per process, for followers' requests: "chat.attach" (answered with
   "chat.resume": the text so far and the number of the last frame in it, taken without an await
   so that it splits the numbered frames exactly; or "chat.gone" when the answer has ended),
