@@ -28,7 +28,8 @@ class RMSNorm(nn.Module):
             # one call instead of seven; the same ops in the same order, bit-identical to HF's
             out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         else:
-            h = x.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            # HF's float32 normalisation in one call (the same values as its four ops), rounded
+            # to the model's dtype before the scale, as HF rounds it
+            h = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
             out = self.weight * h.to(x.dtype)
         return out if residual is None else (out, residual)

@@ -161,6 +161,9 @@ class Int4WeightOnlyLinear(nn.Module):
             [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
         keep_dense = bool(dense_rows) and self.is_cpu_kernel
         self.dense_rows = dense_rows if keep_dense else None
+        # steps of fewer rows than this go straight to the CPU kernel (0: never, as with a bias)
+        self.direct_rows = (0 if not self.is_cpu_kernel or self.bias is not None
+                            else self.dense_rows or 1 << 62)
         # from the codes and the bf16 groups the kernel reads, one layer (a chunk of it) at a time
         self.register_buffer("weight_dense", dense_int4(
             codes, scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size) if keep_dense else None)
@@ -179,6 +182,12 @@ class Int4WeightOnlyLinear(nn.Module):
                                self.scales_and_zeros[..., 1].t(), self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The decode step's common case, one kernel call and nothing around it: [T, K] bf16
+        # contiguous rows, no bias, fewer rows than the dense copy takes (bench/decode_profile.py).
+        if (self.direct_rows > x.shape[0] and x.dtype == KERNEL_DTYPE and x.dim() == 2
+                and x.is_contiguous()):
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.weight_packed, self.group_size, self.scales_and_zeros)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [T, K]
         if self.weight_dense is not None and x2.shape[0] >= self.dense_rows:
