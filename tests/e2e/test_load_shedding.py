@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,12 @@ async def one_stream(http: httpx.AsyncClient, url: str, key: str, i: int) -> dic
             "retry_after": response.headers.get("Retry-After")}
 
 
+def percentiles(seconds: list[float]) -> str:
+    ordered = sorted(seconds)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return f"p50 {at(0.5):.2f} / p99 {at(0.99):.2f} / max {ordered[-1]:.2f} s"
+
+
 def test_a_burst_of_1000_streams_sheds_the_excess_with_503_and_retry_after_in_bounded_memory(site):
     pid = site.daphne.pid
     rss_before = rss_mib(pid)
@@ -99,7 +106,12 @@ def test_a_burst_of_1000_streams_sheds_the_excess_with_503_and_retry_after_in_bo
     refused = [r for r in results if r["status"] == 503]
     slowest_refusal = max(r["answered_s"] for r in refused)
     print(f"\n{NUM_BURST} streams in {took:.1f} s: {len(served)} served, {len(refused)} refused with 503 "
-          f"(slowest refusal {slowest_refusal:.2f} s); Daphne RSS {rss_before:.0f} -> {rss_after:.0f} MiB")
+          f"(slowest refusal {slowest_refusal:.2f} s); Daphne RSS {rss_before:.0f} -> {rss_after:.0f} MiB; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    if refused:
+        print(f"refusals: {percentiles([r['answered_s'] for r in refused])}")
+    if served:
+        print(f"served, first event: {percentiles([r['answered_s'] for r in served])}")
 
     others = collections.Counter(r["status"] for r in results if r["status"] not in (200, 503))
     assert len(served) + len(refused) == NUM_BURST, others

@@ -130,7 +130,12 @@ def _budget_reserve(subject: Subject, request_id: str, tokens: int, now: float) 
 
 
 def _budget_give_back(subject: Subject, request_id: str, tokens_used: int) -> None:
-    """End a reservation (once, whoever gets here first) and charge ``tokens_used``."""
+    """End a reservation (once, whoever gets here first) and charge ``tokens_used``.
+
+    Nothing to charge and no reservation (a refused request: most of a burst): one read, no
+    transaction, which on SQLite (BEGIN IMMEDIATE) would take the database's write lock."""
+    if not tokens_used and not TokenReservation.objects.filter(request_id=request_id).exists():
+        return
     with transaction.atomic():
         reservation = TokenReservation.objects.filter(request_id=request_id).first()
         reserved = 0

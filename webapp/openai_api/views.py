@@ -21,6 +21,7 @@ from webapp.config.shutdown import shutting_down, track, tracked, untrack
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
+from webapp.openai_api.gate import get_gate
 from webapp.openai_api.generation import generation_respond
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
@@ -109,6 +110,7 @@ class CompletionApiBase(View):
         if request.method.lower() not in self.http_method_names:
             return self.http_method_not_allowed(request)
         self.started, self.request_id, self.body = time.monotonic(), new_request_id(self.endpoint), None
+        self.place = None  # at webapp/openai_api/gate.py's gate, once admitted
         try:
             self.api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
         except errors.OpenAIError as exc:
@@ -123,6 +125,9 @@ class CompletionApiBase(View):
             raise
         except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
             error = errors.internal_error(exc)
+        finally:
+            if self.place is not None:
+                self.place.release()
         await self.account(error)
         response = error.response()
         response["X-Request-Id"] = self.request_id  # names its usage record
@@ -136,11 +141,15 @@ class CompletionApiBase(View):
                                         values=serializer.validated_data, started=self.started)
 
     async def admit(self, request: HttpRequest) -> None:
-        """Parse the body into ``self.body`` and let the key's limits admit the request; OpenAIError if not."""
+        """Parse the body into ``self.body``, let the key's limits admit the request, then the gate in
+        front of the model's queue (unless the body names no model: the serializer says so); OpenAIError if not."""
         self.body = body_parse(request)
         if shutting_down():
             raise errors.server_shutting_down()
         await sync_to_async(generation_admit)(api_key=self.api_key, request_id=self.request_id)
+        model = self.body.get("model") if isinstance(self.body, dict) else None
+        if isinstance(model, str) and model:
+            self.place = await get_gate().enter(model)
 
     async def account(self, error: errors.OpenAIError | None) -> None:
         """Write the usage record of a request that did not reach the engine (``error`` None: the
