@@ -6,7 +6,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from engine.attention_metadata import AttentionMetadata, DecodeGroup
-from engine.layers.attention import PagedAttention, Workspace
+from engine.layers.attention import LONG_DECODE_CONTEXT, PagedAttention, Workspace
 from engine.layers.rotary import RotaryEmbedding
 
 H, KVH, D, BLOCK = 6, 2, 16, 4
@@ -31,6 +31,24 @@ def test_one_run_view_attends_like_the_gathered_blocks():
         gathered = _decode(attn, q, k_cache, v_cache, blocks, context_len, None)
         viewed = _decode(attn, q, k_cache, v_cache, blocks, context_len, blocks[0])
         torch.testing.assert_close(viewed, gathered, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_lone_sequence_attends_like_float32_gathered_blocks_short_and_long():
+    """bf16, a lone sequence: the flash kernel on short contexts, the all-heads GEMM
+    (_decode_long_run) from LONG_DECODE_CONTEXT tokens, over a view of its run of blocks or over
+    its gathered blocks; all within bf16 rounding of the float32 gathered path."""
+    torch.manual_seed(0)
+    attn = PagedAttention(H, KVH, D)
+    k_cache, v_cache = torch.randn(2, 300, BLOCK, KVH, D).unbind(0)
+    q = torch.randn(1, H, D)
+    for context_len in (1, 13, LONG_DECODE_CONTEXT - 1, LONG_DECODE_CONTEXT, 1001):
+        blocks = list(range(7, 7 + -(-context_len // BLOCK)))
+        reference = _decode(attn, q, k_cache, v_cache, blocks, context_len, None)
+        for run_start in (blocks[0], None):  # through a view of the pool, or gathered
+            got = _decode(attn, q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), blocks,
+                          context_len, run_start)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), reference, rtol=0.02, atol=0.02)
 
 
 def test_rotary_tables_rotate_q_and_k_bit_identically_to_transformers():
