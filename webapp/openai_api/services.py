@@ -25,7 +25,7 @@ from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.outcome import Outcome
-from webapp.usage.services import usage_record_create, usage_record_finish
+from webapp.usage.services import usage_record_build, usage_record_finish
 from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
@@ -171,6 +171,16 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
                     started: float) -> UsageRecord:
     """Usage record of an authenticated request refused before reaching a worker (``error``), or
     whose client went away before it did (``error`` None: aborted); frees what admission took."""
+    record = request_refused_record(request_id=request_id, endpoint=endpoint, api_key=api_key, data=data,
+                                    error=error, started=started)
+    record.save()
+    return record
+
+
+def request_refused_record(*, request_id: str, endpoint: str, api_key: ApiKey, data,
+                           error: errors.OpenAIError | None, started: float) -> UsageRecord:
+    """``request_refused`` but for the record's insert: it is returned validated and unsaved (the
+    API's views save it with webapp.usage.group_commit)."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
     end_user = data.get("user") if isinstance(data, dict) and isinstance(data.get("user"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
@@ -181,7 +191,7 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=status,
                         latency=latency, time_to_first_token=None,
                         error_code=(error.code or "invalid_request") if error is not None else None)
-    return usage_record_create(
+    return usage_record_build(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
         error_code=(error.code or "invalid_request") if error is not None else "",

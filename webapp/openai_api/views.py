@@ -28,8 +28,9 @@ from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessag
                                           SamplingInputSerializer, check_tool_messages, limited)
 from webapp.openai_api.tool_calls import tool_plan
 from webapp.openai_api.services import (CHAT, COMPLETIONS, api_key_from_header, generation_admit,
-                                        new_request_id, request_refused)
+                                        new_request_id, request_refused_record)
 from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
+from webapp.usage.group_commit import usage_record_save
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -158,10 +159,11 @@ class CompletionApiBase(View):
         if entry is None or entry.finishing:
             return
         entry.finishing = True
-        try:  # cancelled again meanwhile, the thread still writes the record
-            await sync_to_async(request_refused)(request_id=self.request_id, endpoint=self.endpoint,
-                                                 api_key=self.api_key, data=self.body, error=error,
-                                                 started=self.started)
+        try:  # cancelled again meanwhile, the thread still builds the record and the group commit saves it
+            record = await sync_to_async(request_refused_record)(
+                request_id=self.request_id, endpoint=self.endpoint, api_key=self.api_key, data=self.body,
+                error=error, started=self.started)
+            await usage_record_save(record)
         finally:
             untrack(self.request_id, entry)
 

@@ -24,11 +24,19 @@ from webapp.usage.outcome import Outcome
 logger = logging.getLogger(__name__)
 
 
-def usage_record_create(*, request_id: str, endpoint: str, status: str, latency: float, api_key=None,
-                        user=None, model=None, version=None, model_name: str = "", prompt_tokens: int = 0,
-                        completion_tokens: int = 0, cached_prompt_tokens: int = 0,
-                        time_to_first_token: float | None = None, finish_reason: str | None = None,
-                        error_code: str | None = None, end_user: str = "") -> UsageRecord:
+def usage_record_create(**fields) -> UsageRecord:
+    """Write one usage record (``usage_record_build``'s fields)."""
+    record = usage_record_build(**fields)
+    record.save()
+    return record
+
+
+def usage_record_build(*, request_id: str, endpoint: str, status: str, latency: float, api_key=None,
+                       user=None, model=None, version=None, model_name: str = "", prompt_tokens: int = 0,
+                       completion_tokens: int = 0, cached_prompt_tokens: int = 0,
+                       time_to_first_token: float | None = None, finish_reason: str | None = None,
+                       error_code: str | None = None, end_user: str = "") -> UsageRecord:
+    """A validated usage record, not yet saved (webapp.usage.group_commit saves many at once)."""
     record = UsageRecord(
         api_key=api_key, user=user, model=model, version=version, model_name=model_name, end_user=end_user,
         request_id=request_id, endpoint=endpoint, prompt_tokens=prompt_tokens,
@@ -36,7 +44,6 @@ def usage_record_create(*, request_id: str, endpoint: str, status: str, latency:
         time_to_first_token=time_to_first_token, latency=latency, status=status,
         finish_reason=finish_reason or "", error_code=error_code or "")
     record.full_clean(exclude=["api_key", "user", "model", "version"])  # links were just loaded
-    record.save()
     return record
 
 
