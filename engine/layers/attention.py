@@ -113,7 +113,8 @@ class PagedAttention(nn.Module):
         """q: [B, H, D], one token per sequence, attending to its whole cached context."""
         b = q.shape[0]
         _, block_size, kvh, d = k_cache.shape
-        if g.block_run_start is not None:
+        if g.block_run_start is not None and (k_cache.dtype == torch.float32 or self._long_run(
+                k_cache.dtype, g.context_len, kvh)):
             return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
         num_blocks = g.flat_block_ids.shape[0]
         length = num_blocks // b * block_size
@@ -138,9 +139,11 @@ class PagedAttention(nn.Module):
         Reads K/V through a view of the pool: no gather into the workspace, no mask. In float32
         two matmuls over the strided views measured 1.3x (40 tokens) to 2.4x (1,000 tokens)
         faster than gathering then scaled_dot_product_attention. In bfloat16 the same matmuls
-        took 15x longer than the gather (a slow strided bf16 bmm), but the flash kernel reads
-        the strided views as they are: the same output as after a gather, 1.2x faster at 130
-        tokens and 1.15x at 1,000 (one thread, AVX512-BF16)."""
+        took 15x longer than the gather (a slow strided bf16 bmm), so a short bf16 context is
+        gathered: the flash kernel over the views was 1.2x faster at 130 tokens, but not
+        bit-identical to the masked gathered path, and a greedy answer must not change with
+        whether its prompt's blocks came from the prefix cache. A long one takes
+        _decode_long_run, which gives the same bits on the view as on the gathered blocks."""
         _, block_size, kvh, d = k_cache.shape
         end = first_block - (-context_len // block_size)
         k = k_cache[first_block:end].view(-1, kvh, d)[:context_len].transpose(0, 1)  # [KVH, L, D]
@@ -148,11 +151,7 @@ class PagedAttention(nn.Module):
         # The `group` query heads sharing a KV head act as `group` query rows.
         q = q.view(kvh, self.group, d)
         if k_cache.dtype != torch.float32:
-            if self._long_run(k_cache.dtype, context_len, kvh):
-                return self._decode_long_run(q, k_cache[first_block:end], v, context_len)
-            o = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                               scale=self.scale)
-            return o.view(1, self.num_heads, d)
+            return self._decode_long_run(q, k_cache[first_block:end], v, context_len)
         scores = torch.matmul(q * self.scale, k.transpose(1, 2))  # [KVH, g, L]
         return torch.matmul(scores.softmax(dim=-1), v).view(1, self.num_heads, d)
 
