@@ -4,7 +4,8 @@ A site of its own whose Daphne runs with a queue bound of 4 (PAGODA_MAX_QUEUED_P
 front of a worker of two sequences: a burst of 1,000 concurrent streams must be answered at
 once, the excess with 503 + Retry-After in the OpenAI error format, while the Daphne process's
 memory stays bounded, and the slowest refusal within REFUSAL_VS_401 times the slowest answer of the
-same burst sent with a wrong key (each a 401 after one database read). A second Daphne on the same database and Redis has a 50 ms overall deadline.
+same burst sent with a wrong key (each a 401 after one database read). A second Daphne on the same
+database and Redis has a 50 ms overall deadline.
 """
 
 from __future__ import annotations
