@@ -42,6 +42,17 @@ _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop 
 _sync: dict = {}  # url -> redis.Redis
 _published: dict = {}  # conversation id -> Generation, the answers this process makes known
 _relay: dict = {}  # event loop -> (this process's relay channel name, its tasks)
+# What the owner side does when another process asks (chat.generations sets it: ``serve``):
+# hear_remote(generation, channel), unhear_remote(generation, channel), stop(generation),
+# stop_over_cap(user_id).
+_owner = None
+
+
+def serve(owner) -> None:
+    """The owner of this process's answers (a module or object with the four calls above);
+    the relay calls back into it, so it never imports chat.generations."""
+    global _owner
+    _owner = owner
 
 
 def enabled() -> bool:
@@ -197,13 +208,11 @@ async def _relay_channel() -> str:
 
 
 async def _renewing() -> None:
-    from webapp.chat import generations  # generations imports this module
-
     while True:
         await asyncio.sleep(ttl_s() / 3)
         try:
             for user_id in {g.user_id for g in _published.values()}:
-                generations.stop_over_cap(user_id)  # followers whose process died have lapsed
+                _owner.stop_over_cap(user_id)  # followers whose process died have lapsed
             for generation in list(_published.values()):
                 if generation.owner is None or _published.get(generation.conversation_id) is not generation:
                     continue  # not registered yet, or ended (and unregistered) during an earlier renewal
@@ -231,8 +240,6 @@ async def _answer(layer, name: str) -> None:
 
 
 async def _handle(message: dict) -> None:
-    from webapp.chat import generations  # generations imports this module
-
     generation = _published.get(message.get("conversation"))
     if generation is None or generation.turn.request_id != message.get("request_id") \
             or generation.user_id != message.get("user"):
@@ -242,15 +249,15 @@ async def _handle(message: dict) -> None:
         if generation is None or generation.ended:
             await send(reply_to, {"type": "chat.gone", "request_id": message.get("request_id")})
             return
-        generations.hear_remote(generation, reply_to)
+        _owner.hear_remote(generation, reply_to)
         # Taken together, without an await: the text holds exactly the frames up to seq.
         resume = {**generation.start_frame, "type": "resume", "text": generation.text}
         await send(reply_to, {"type": "chat.resume", "request_id": generation.turn.request_id,
                               "seq": generation.seq, "frame": resume})
     elif kind == "chat.hear" and generation is not None and reply_to:
-        generations.hear_remote(generation, reply_to)
+        _owner.hear_remote(generation, reply_to)
     elif kind == "chat.detach" and generation is not None and reply_to:
-        generations.unhear_remote(generation, reply_to)
+        _owner.unhear_remote(generation, reply_to)
     elif kind == "chat.stop" and generation is not None:
         logger.info("chat answer %s stopped from another web process", generation.turn.request_id)
-        generations.stop(generation)
+        _owner.stop(generation)
