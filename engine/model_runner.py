@@ -12,6 +12,7 @@ from engine import cpu_info
 from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
 from engine.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
+from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
 from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
@@ -74,7 +75,6 @@ class ModelRunner:
             if weights is None:
                 raise InvalidParameterError("tensor_parallel_size", "> 1 needs a checkpoint "
                                             "(each rank loads its shard), not random weights")
-            from engine.distributed.ranks import join
             self.device, self.ranks, self.tp_group = join(
                 config, model_config, max_model_len, eos_token_ids, self.device, rank, port)
         try:
