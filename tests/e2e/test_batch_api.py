@@ -42,13 +42,16 @@ def client(site, who: str = "owner") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{site.url}/v1", api_key=site.keys[who], max_retries=0, timeout=60)
 
 
-def jsonl(num_lines: int, *, max_tokens: int, url: str = "/v1/chat/completions") -> bytes:
+def jsonl(num_lines: int, *, max_tokens: int, url: str = "/v1/chat/completions",
+          short: int | None = None) -> bytes:
+    """``short``: every fourth line (0, 4, ...) asks for that many tokens instead."""
     lines = []
     for i in range(num_lines):
+        tokens = short if short is not None and i % 4 == 0 else max_tokens
         body = ({"model": MODEL, "messages": [{"role": "user", "content": f"Question number {i}"}]}
                 if url == "/v1/chat/completions" else {"model": MODEL, "prompt": f"Story {i}:"})
         lines.append({"custom_id": f"line-{i}", "method": "POST", "url": url,
-                      "body": {**body, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
+                      "body": {**body, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}})
     return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
 
 
@@ -105,12 +108,15 @@ def test_a_batch_of_50_lines_completes_with_one_output_line_per_custom_id(site):
 
 
 def test_cancelling_a_running_batch_stops_the_rest_and_aborts_the_running_lines(site):
-    """The cancel comes just after a line ended: the runner sends the next ones as soon as lines
-    end, so lines of 200 tokens have just started and are still running when it sees the cancel
-    (its next look at the batch, within half a 0.5 s heartbeat)."""
+    """The cancel comes just after the first line ended. The first four lines start together and
+    the first of them asks for 40 tokens, the other three for 200, so those three still have 160
+    steps to go when the runner sees the cancel (its next look at the batch, within half a 0.5 s
+    heartbeat): a cancel always finds lines running. (With lines of one length a wave ends
+    together, and a cancel landing between two waves finds none.)"""
     api = client(site)
     aborted_before = aborted_records(site)
-    _, batch = start_batch(api, jsonl(30, max_tokens=200, url="/v1/completions"), url="/v1/completions")
+    _, batch = start_batch(api, jsonl(30, max_tokens=200, short=40, url="/v1/completions"),
+                           url="/v1/completions")
     wait_for(api, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 1, poll_s=0.1)
 
     cancelling = api.batches.cancel(batch.id)
