@@ -196,8 +196,11 @@ class Int4WeightOnlyLinear(nn.Module):
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(KERNEL_DTYPE).contiguous(), self.weight_packed, self.group_size,
                 self.scales_and_zeros).to(x.dtype)
-        else:
-            out = F.linear(x2, self.dequantized_weight().to(x.dtype))
+        else:  # off the CPU: the Triton kernel where it runs, else dequantize the whole weight
+            from engine.quantization.gpu_matmul import int4_matmul_or_none
+            out = int4_matmul_or_none(x2, self.weight_packed, self.scales_and_zeros, self.group_size)
+            if out is None:
+                out = F.linear(x2, self.dequantized_weight().to(x.dtype))
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.reshape(*shape[:-1], self.out_features)

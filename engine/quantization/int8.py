@@ -114,8 +114,11 @@ class Int8WeightOnlyLinear(nn.Module):
         elif x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and (
                 x.dtype != torch.bfloat16 or self.in_features % 16 == 0):
             out = torch._weight_int8pack_mm(x2.contiguous(), self.weight_int8, scales)
-        else:
-            out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
+        else:  # the Triton kernel on a GPU that runs it, else dequantize first
+            from engine.quantization.gpu_matmul import int8_matmul_or_none
+            out = int8_matmul_or_none(x2, self.weight_int8, scales)
+            if out is None:
+                out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.reshape(*shape[:-1], self.out_features)
