@@ -20,6 +20,9 @@ CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkp
 # safetensors checkpoint as it is, float as stored); none (or None): float weights; int8 / int4:
 # quantize the projections at load.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# auto: K/V stored in the activation dtype; int8 / fp8_e4m3: codes with one float32 scale per
+# (token, KV head), written with the token (engine/layers/kv_quant.py says why).
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 CONVERT_QUANTIZATIONS = ("int8", "int4")  # what `python -m engine convert` writes
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 # Rows of a step from which a quantized projection multiplies a dense bf16 copy of its weight
@@ -123,6 +126,10 @@ class EngineConfig:
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N", str,
                            choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")
     block_size: int = _setting(16, "tokens per KV cache block", choices=BLOCK_SIZES)
+    kv_cache_dtype: str = _setting(
+        "auto", "what the KV cache stores; auto: the activation dtype; int8 / fp8_e4m3: 8-bit codes "
+        "with a float32 scale per token and KV head, so the same memory holds about twice the "
+        "tokens of bf16 (four times float32's)", str, choices=KV_CACHE_DTYPES)
     kv_cache_memory: int | None = _setting(
         None, "size of the KV pool in bytes; default on CPU: max_num_seqs x max_model_len tokens, "
         f"at most {CPU_KV_CACHE_MEMORY_FRACTION:g} of the machine's memory", minimum=1)

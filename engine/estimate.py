@@ -8,7 +8,8 @@ table, safetensors headers and config.json) and returns an ``Estimate`` per tens
   weight plus a bf16 scale and zero per group (0.625 for groups of 32); int8 1 byte plus a
   scale per row; the dense bf16 copies of ``quantization_dense_rows``; the LM head's extra copy
   on the CPU (int8 when anything is quantized in bf16, else oneDNN's fp32); the RoPE table;
-- KV cache: 2 x layers x KV heads / TP x head dim x bytes per element x tokens, where tokens is
+- KV cache: 2 x layers x KV heads / TP x (head dim x bytes per element, or for an int8 / fp8
+  kv_cache_dtype head dim + a 4-byte scale) x tokens, where tokens is
   num_kv_blocks x block_size, or what kv_cache_memory holds, or the CPU default (max_num_seqs x
   max_model_len tokens within a tenth of memory); on CUDA without either, what
   gpu_memory_utilization leaves of ``device_memory_bytes`` (when given);
@@ -42,6 +43,7 @@ GGUF_NATIVE = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q8_0": ("int8", None
 # Float32 copies of a step's logits the sampler holds at once (logits, probabilities, the sorted
 # values of top-k/top-p, log-probabilities).
 LOGITS_COPIES = 4
+KV_SCALE_BYTES = 4  # the float32 scale of one token's 8-bit K (or V) row of one KV head
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,8 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     weights += arch.max_position * rope_width * 4  # the float32 RoPE table, one per model
 
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
-    kv_per_token = 2 * arch.num_layers * (arch.num_kv_heads // tp) * arch.head_dim * elem
+    kv_per_token = (2 * arch.num_layers * (arch.num_kv_heads // tp)
+                    * kv_bytes_per_token_head(config.kv_cache_dtype, arch.head_dim, elem))
     kv_tokens = _kv_tokens(config, device, kv_per_token, max_model_len, device_memory_bytes,
                            weights)
     kv_bytes = kv_tokens * kv_per_token
@@ -160,6 +163,13 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
                     activation_bytes=int(activations), reader_bytes=int(reader_bytes),
                     tokenizer_bytes=arch.vocab_size * TOKENIZER_BYTES_PER_TOKEN,
                     kv_tokens=int(kv_tokens), dtype=dtype, tensor_parallel_size=tp, layouts=layouts)
+
+
+def kv_bytes_per_token_head(kv_cache_dtype: str, head_dim: int, elem: int) -> int:
+    """Bytes of one token's K (or V) row of one KV head in the pool: head_dim elements of the
+    activation dtype (``elem`` bytes), or 8-bit codes and a float32 scale (kv_cache_dtype int8 /
+    fp8_e4m3, engine/layers/kv_quant.py)."""
+    return head_dim * elem if kv_cache_dtype == "auto" else head_dim + KV_SCALE_BYTES
 
 
 def _activation_dtype(name: str, device: str) -> str:
@@ -218,7 +228,10 @@ def _activation_bytes(config: EngineConfig, arch: _Arch, tp: int, elem: int, kv_
                  + heads * arch.head_dim  # attention output
                  + 3 * arch.intermediate_size // tp)  # gate/up, activated
     logits = rows * arch.vocab_size * 4 * LOGITS_COPIES
-    attention = 2 * min(kv_tokens, tokens + rows * config.block_size) * kv_heads * arch.head_dim * elem
+    gathered = min(kv_tokens, tokens + rows * config.block_size) * kv_heads
+    attention = 2 * gathered * arch.head_dim * elem
+    if config.kv_cache_dtype != "auto":  # the gathered codes and scales, before dequantizing
+        attention += 2 * gathered * (arch.head_dim + KV_SCALE_BYTES)
     return tokens * per_token * elem + logits + attention
 
 

@@ -14,8 +14,10 @@ from engine.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
+from engine.estimate import kv_bytes_per_token_head
 from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
+from engine.layers import kv_quant
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
 from engine.models.llama import LlamaForCausalLM
@@ -121,17 +123,12 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
             self.num_blocks = self.tp_group.all_reduce_min(self.num_blocks)
-        shape = kv_cache_shape(self.num_blocks, self.block_size,
-                               model_config.num_key_value_heads // self.tp, model_config.head_dim)
-        # One allocation for the whole pool: [2, layers, *kv_cache_shape].
-        self.kv_pool = lazy_zeros((2, model_config.num_hidden_layers, *shape), self.dtype, self.device)
-        self.kv_caches = [(self.kv_pool[0, i], self.kv_pool[1, i])
-                          for i in range(model_config.num_hidden_layers)]
+        self.kv_pool, self.kv_scale_pool, self.kv_caches = self._allocate_kv_pool()
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
-                    self.kv_cache_bytes / 2**20, self.dtype, self.device)
+                    self.kv_cache_bytes / 2**20, self._kv_storage(), self.device)
         logger.info(memory_summary(self.model, self.kv_cache_bytes, self.num_blocks * self.block_size,
                                    model_config, self.dtype, self.device))
         if self.memory_profile is not None:
@@ -156,11 +153,39 @@ class ModelRunner:
         return rows
 
     # ----------------------------------------------------------------- memory
+    def _allocate_kv_pool(self):
+        """One allocation for the codes (or K/V) pool, [2, layers, *kv_cache_shape], and for an
+        8-bit cache one for its scales, [2, layers, *kv_quant.scale_shape]; then each layer's
+        cache tuple: (K, V), or (K codes, V codes, K scales, V scales)."""
+        cfg = self.model_config
+        kvh, layers = cfg.num_key_value_heads // self.tp, cfg.num_hidden_layers
+        shape = kv_cache_shape(self.num_blocks, self.block_size, kvh, cfg.head_dim)
+        codes = self._kv_code_dtype()
+        pool = lazy_zeros((2, layers, *shape), codes or self.dtype, self.device)
+        if codes is None:
+            return pool, None, [(pool[0, i], pool[1, i]) for i in range(layers)]
+        scales = lazy_zeros((2, layers, *kv_quant.scale_shape(self.num_blocks, self.block_size, kvh)),
+                            kv_quant.SCALE_DTYPE, self.device)
+        return pool, scales, [(pool[0, i], pool[1, i], scales[0, i], scales[1, i])
+                              for i in range(layers)]
+
+    def _kv_code_dtype(self) -> torch.dtype | None:
+        return kv_quant.code_dtype(self.config.kv_cache_dtype)
+
+    def _kv_storage(self) -> str:
+        """The pool's element type in words, for the start-up log."""
+        codes = self._kv_code_dtype()
+        if codes is None:
+            return str(self.dtype).removeprefix("torch.")
+        return (f"{self.config.kv_cache_dtype} codes + float32 scale per token and KV head, "
+                f"dequantized to {str(self.dtype).removeprefix('torch.')}")
+
     @property
     def bytes_per_block(self) -> int:
+        cfg = self.model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return (self.model_config.kv_bytes_per_token_per_byte_of_dtype // self.tp
-                * self.block_size * elem)
+        per_head = kv_bytes_per_token_head(self.config.kv_cache_dtype, cfg.head_dim, elem)
+        return 2 * cfg.num_hidden_layers * (cfg.num_key_value_heads // self.tp) * per_head * self.block_size
 
     @property
     def kv_cache_bytes(self) -> int:

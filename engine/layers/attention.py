@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.layers import kv_quant
 
 
 # From this many cached tokens a lone bf16 stream's decode attention uses _decode_long_run.
@@ -33,16 +34,18 @@ class Workspace:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def pair(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def pair(self, shape: tuple[int, ...], dtype: torch.dtype,
+             name: str = "kv") -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [shape] tensors; pairs of different names (or dtypes) never overlap."""
         numel = 1
         for n in shape:
             numel *= n
-        buf = self._buffers.get(dtype)
+        buf = self._buffers.get((name, dtype))
         if buf is None or buf.numel() < 2 * numel:
             size = max(2 * numel, 0 if buf is None else 2 * buf.numel())
-            buf = self._buffers[dtype] = torch.empty(size, dtype=dtype, device=self.device)
+            buf = self._buffers[name, dtype] = torch.empty(size, dtype=dtype, device=self.device)
         return buf[:numel].view(shape), buf[numel:2 * numel].view(shape)
 
 
@@ -57,13 +60,16 @@ class PagedAttention(nn.Module):
         self.use_triton = use_triton
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, KVH, D]; cache tensors in ``kv_cache_shape`` layout.
+                kv_cache: tuple[torch.Tensor, ...], meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; cache tensors in ``kv_cache_shape`` layout: (K, V),
+        or (K codes, V codes, K scales, V scales) for an 8-bit cache (``kv_quant``).
 
         Returns [T, H, D].
         """
         if self.use_triton:
             return self._forward_triton(q, k, v, kv_cache, meta)
+        if kv_quant.is_quantized(kv_cache):
+            return self._forward_quantized(q, k, v, kv_cache, meta)
         k_cache, v_cache = kv_cache
         num_blocks, block_size, kvh, d = k_cache.shape
         k_flat = k_cache.view(num_blocks * block_size, kvh, d)  # [slots, KVH, D]
@@ -87,6 +93,27 @@ class PagedAttention(nn.Module):
             out[rows] = self._decode(q[rows], k_cache, v_cache, g, meta.workspace)
         return out
 
+    def _forward_quantized(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """forward over an 8-bit cache. Every read is of dequantized cache values, this step's
+        own tokens included, so an answer does not depend on which of its tokens were cached
+        (prefix cache, chunking) before the step; decode always gathers (no pool views)."""
+        k, v = kv_quant.write(kv_cache, k, v, meta.slot_mapping)  # the cached values, [T, KVH, D]
+        n = meta.num_prefill_tokens
+        if n == 0 and len(meta.decode_groups) == 1:
+            return self._decode(q, None, None, meta.decode_groups[0], meta.workspace, kv_cache)
+        out = torch.empty_like(q)
+        for p in meta.prefills:
+            rows = slice(p.query_start, p.query_start + p.query_len)
+            if p.context_slots is None:
+                out[rows] = self._prefill(q[rows], k[rows], v[rows], 0)
+            else:
+                k_ctx, v_ctx = kv_quant.read_slots(kv_cache, p.context_slots, q.dtype)
+                out[rows] = self._prefill(q[rows], k_ctx, v_ctx, p.context_len - p.query_len)
+        for g in meta.decode_groups:
+            rows = slice(n + g.row_start, n + g.row_end)
+            out[rows] = self._decode(q[rows], None, None, g, meta.workspace, kv_cache)
+        return out
+
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
         """q: [n, H, D]; k, v: [ctx, KVH, D] with ctx = offset + n; causal with that offset.
 
@@ -108,20 +135,25 @@ class PagedAttention(nn.Module):
                                                enable_gqa=self.group > 1)
         return o[0].transpose(0, 1)
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g,
-                workspace: Workspace) -> torch.Tensor:
-        """q: [B, H, D], one token per sequence, attending to its whole cached context."""
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None,
+                g, workspace: Workspace, quantized: tuple | None = None) -> torch.Tensor:
+        """q: [B, H, D], one token per sequence, attending to its whole cached context.
+
+        quantized: an 8-bit layer cache (k_cache, v_cache None), dequantized on the gather."""
         b = q.shape[0]
-        _, block_size, kvh, d = k_cache.shape
-        if g.block_run_start is not None and (k_cache.dtype == torch.float32 or self._long_run(
-                k_cache.dtype, g.context_len, kvh)):
-            return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
-        num_blocks = g.flat_block_ids.shape[0]
-        length = num_blocks // b * block_size
-        k_buf, v_buf = workspace.pair((num_blocks, block_size, kvh, d), k_cache.dtype)
-        torch.index_select(k_cache, 0, g.flat_block_ids, out=k_buf)
-        torch.index_select(v_cache, 0, g.flat_block_ids, out=v_buf)
-        if b == 1 and self._long_run(k_cache.dtype, g.context_len, kvh):  # gathered: one run now
+        if quantized is not None:
+            _, block_size, kvh, d = quantized[0].shape
+            k_buf, v_buf = kv_quant.gather_blocks(quantized, g.flat_block_ids, q.dtype, workspace)
+        else:
+            _, block_size, kvh, d = k_cache.shape
+            if g.block_run_start is not None and (k_cache.dtype == torch.float32 or self._long_run(
+                    k_cache.dtype, g.context_len, kvh)):
+                return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
+            k_buf, v_buf = workspace.pair((g.flat_block_ids.shape[0], block_size, kvh, d), k_cache.dtype)
+            torch.index_select(k_cache, 0, g.flat_block_ids, out=k_buf)
+            torch.index_select(v_cache, 0, g.flat_block_ids, out=v_buf)
+        length = g.flat_block_ids.shape[0] // b * block_size
+        if b == 1 and self._long_run(k_buf.dtype, g.context_len, kvh):  # gathered: one run now
             v_run = v_buf.view(-1, kvh, d)[:g.context_len].transpose(0, 1)  # [KVH, L, D]
             return self._decode_long_run(q.view(kvh, self.group, d), k_buf, v_run, g.context_len)
         # [B * blocks, bs, KVH, D] -> [B, KVH, L, D]
@@ -181,15 +213,16 @@ class PagedAttention(nn.Module):
         from engine.kernels.attention_prefill import paged_prefill_attention
         from engine.kernels.cache import reshape_and_cache
 
-        k_cache, v_cache = kv_cache
-        reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_cache, v_cache, *scales = kv_cache  # scales: [K scales, V scales] of an 8-bit cache
+        reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, *scales)
         out = torch.empty_like(q)
         n = meta.num_prefill_tokens
         if n:
             out[:n] = paged_prefill_attention(
                 q[:n], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_query_lens,
-                meta.prefill_context_lens, self.scale, meta.prefill_max_query_len)
+                meta.prefill_context_lens, self.scale, meta.prefill_max_query_len, *scales)
         if meta.num_decode_tokens:
             out[n:] = paged_decode_attention(
-                q[n:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale)
+                q[n:], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                self.scale, None, *scales)
         return out
