@@ -25,20 +25,20 @@ from engine.kernels.common import (
 from engine.quantization.int4 import GROUP_SIZES, int4_linear_reference, unpack_codes
 from engine.quantization.int8 import int8_linear_reference
 
-MAX_BLOCK_K_INT4 = 128  # input columns per step; never more than a group, so one (s, z) a tile
-BLOCK_K_INT8 = 128
 
-
-def _blocks(num_rows: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a product of ``num_rows`` rows.
+def _blocks(num_rows: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a product of ``num_rows`` rows; int4 takes
+    BLOCK_K = min(it, group_size), so that a K tile lies in one group.
 
     Decode (few rows) reads the weight once and is bound by memory: small N tiles give many
     programs (N / 32 of them: 128 for a 4096-wide projection); prefill is bound by the dots:
-    128 x 128 tiles. 16 is the smallest M a tensor-core dot takes.
+    128 x 128 tiles, K tiles of 64 so three pipeline stages of float32 tiles take 96 KiB of
+    shared memory (fits an A100's 164 KiB as well as an H200's 227 KiB; 128 would take 192).
+    16 is the smallest M a tensor-core dot takes.
     """
     if num_rows <= 64:
-        return max(16, triton.next_power_of_2(num_rows)), 32 if num_rows <= 16 else 64, 4
-    return 128, 128, 8
+        return max(16, triton.next_power_of_2(num_rows)), 32 if num_rows <= 16 else 64, 128, 4
+    return 128, 128, 64, 8
 
 
 @triton.jit
@@ -145,7 +145,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
     out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
     if num_rows == 0 or out_features == 0:
         return out
-    block_m, block_n, num_warps = _blocks(num_rows)
+    block_m, block_n, block_k, num_warps = _blocks(num_rows)
     grid = (triton.cdiv(num_rows, block_m), triton.cdiv(out_features, block_n))
     _int4_matmul_kernel[grid](
         x, packed, scales_and_zeros, out if bias is None else bias, out,
@@ -153,7 +153,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
         x.stride(0), packed.stride(0), scales_and_zeros.stride(0), scales_and_zeros.stride(1),
         out.stride(0),
         GROUP_SIZE=group_size, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(group_size, MAX_BLOCK_K_INT4),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(group_size, block_k),
         DOT_UPCAST=dot_upcast(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
         num_warps=num_warps,
     )
@@ -174,13 +174,13 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
     if num_rows == 0 or out_features == 0:
         return out
-    block_m, block_n, num_warps = _blocks(num_rows)
+    block_m, block_n, block_k, num_warps = _blocks(num_rows)
     grid = (triton.cdiv(num_rows, block_m), triton.cdiv(out_features, block_n))
     _int8_matmul_kernel[grid](
         x, q, scales.contiguous(), out if bias is None else bias, out,
         num_rows, out_features, in_features,
         x.stride(0), q.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K_INT8,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_UPCAST=dot_upcast(x.dtype), DOT_PRECISION=dot_precision(x.dtype),
         num_warps=num_warps,
     )

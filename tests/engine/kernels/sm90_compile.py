@@ -14,7 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from engine.kernels import activation, cache, layernorm, rotary  # noqa: E402
+from engine.kernels import activation, cache, layernorm, quant_matmul, rotary  # noqa: E402
 from engine.kernels import attention_decode as decode  # noqa: E402
 from engine.kernels import attention_prefill as prefill  # noqa: E402
 
@@ -75,6 +75,16 @@ def main() -> None:
                        dict(D=4096, BLOCK_D=4096, HAS_RESIDUAL=has_residual), num_warps=16)
     compile_kernel(activation._silu_and_mul_kernel, dict(x_ptr=DT, out_ptr=DT),
                    dict(BLOCK=activation.BLOCK_I))
+    for rows in (1, 2048):  # the decode and the prefill tiles
+        block_m, block_n, block_k, num_warps = quant_matmul._blocks(rows)
+        tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n, DOT_UPCAST=False, DOT_PRECISION="tf32")
+        compile_kernel(quant_matmul._int4_matmul_kernel,
+                       dict(x_ptr=DT, w_ptr="u8", sz_ptr=DT, bias_ptr=DT, out_ptr=DT),
+                       dict(tiles, GROUP_SIZE=32, HAS_BIAS=False, BLOCK_K=min(32, block_k)),
+                       num_warps)
+        compile_kernel(quant_matmul._int8_matmul_kernel,
+                       dict(x_ptr=DT, w_ptr="i8", scales_ptr=DT, bias_ptr=DT, out_ptr=DT),
+                       dict(tiles, HAS_BIAS=True, BLOCK_K=block_k), num_warps)
 
 
 if __name__ == "__main__":
