@@ -14,9 +14,9 @@ the weights, library workspaces, compiled kernels and any other process on the d
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from engine.input_batch import build_input_batch
@@ -121,15 +121,26 @@ def profile_memory(model, sampler, *, utilization: float, max_num_batched_tokens
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros, but on CPU from calloc'd pages the kernel zeroes when first touched, so the
-    KV pool's resident memory grows with the blocks used rather than its size at start-up."""
+    """torch.zeros, but on CPU from anonymous pages the kernel zeroes when first touched, so the
+    KV pool's resident memory grows with the blocks used rather than its size at start-up.
+
+    The pages are 4 KiB ones (MADV_NOHUGEPAGE): numpy's and glibc's large buffers may get 2 MiB
+    transparent huge pages, and a pool layer's K (or V) is one run of every block, so the first
+    few blocks written made 2-6 MiB of each of the 2 x 30 runs resident: SmolLM2's 360 MiB pool
+    was all resident after 555 blocks (195 MiB) had been used (bench/memory.py)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = 1
     for n in shape:
         numel *= n
-    raw = np.zeros(numel * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
-    return torch.from_numpy(raw).view(dtype).view(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (not POSIX: calloc's lazy pages)
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    # The tensor holds the mapping (frombuffer keeps its buffer alive); unmapped when freed.
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
