@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_tile import attend_tile
+from engine.layers.kv_quant import bits, dequantize
 from engine.kernels.common import (
-    check_heads, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
+    FLOAT_DTYPES, check_heads, scale_args, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
 )
 
 BLOCK_N = 64  # context tokens per tile; split lengths are multiples of it
@@ -40,6 +41,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_SPLIT: tl.constexpr,
     DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_st, QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -68,7 +70,8 @@ def _decode_split_kernel(
         m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile, end,
                                 0, dims, dim_mask, qk_scale,
                                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                BLOCK_SIZE, BLOCK_N, False, True, DOT_UPCAST, DOT_PRECISION)
+                                BLOCK_SIZE, BLOCK_N, False, True, DOT_UPCAST, DOT_PRECISION,
+                                k_scale_ptr, v_scale_ptr, stride_sb, stride_st, QUANT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty partition or context gives zeros
     out_mask = row_mask[:, None] & dim_mask[None, :]
@@ -127,10 +130,13 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_context_len: int,
     return 1 << (splits.bit_length() - 1)
 
 
-def _check(q, k_cache, v_cache, block_tables, context_lens, num_splits) -> int:
-    _, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+def _check(q, k_cache, v_cache, block_tables, context_lens, num_splits, k_scales=None,
+           v_scales=None) -> int:
+    _, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache, k_scales, v_scales)
     require(q.dim() == 3, "q", f"must be [num_seqs, num_heads, head_dim], got {tuple(q.shape)}")
-    require(q.dtype == k_cache.dtype, "q", f"dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    require(q.dtype == k_cache.dtype or k_scales is not None, "q",
+            f"dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    require(q.dtype in FLOAT_DTYPES, "q", f"must be a float dtype, got {q.dtype}")
     group = check_heads(q, num_kv_heads, head_dim)
     num_seqs = q.shape[0]
     require(block_tables.dim() == 2 and block_tables.shape[0] == num_seqs
@@ -153,12 +159,14 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32, cached tokens including this one
     scale: float,
     num_splits: int | None = None,  # None: chosen from the batch size and max_blocks
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32
+    v_scales: torch.Tensor | None = None,  # of an int8 / fp8 cache (codes), else None
 ) -> torch.Tensor:
     """Attention of each sequence's query over its first context_lens[i] cached tokens.
 
     Returns [num_seqs, num_heads, head_dim] in q.dtype; a zero context_len gives zeros.
     """
-    group = _check(q, k_cache, v_cache, block_tables, context_lens, num_splits)
+    group = _check(q, k_cache, v_cache, block_tables, context_lens, num_splits, k_scales, v_scales)
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -193,6 +201,7 @@ def paged_decode_attention(
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         BLOCK_N=max(BLOCK_N, block_size), IS_SPLIT=is_split,
         DOT_UPCAST=dot_upcast(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        **scale_args(k_scales, v_scales, context_lens),
         num_warps=4,
     )
     if is_split:
@@ -206,11 +215,14 @@ def paged_decode_attention(
 
 
 def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale,
-                               num_splits=None) -> torch.Tensor:
+                               num_splits=None, k_scales=None, v_scales=None) -> torch.Tensor:
     """Plain-torch paged_decode_attention (num_splits is validated and otherwise ignored)."""
-    group = _check(q, k_cache, v_cache, block_tables, context_lens, num_splits)
+    group = _check(q, k_cache, v_cache, block_tables, context_lens, num_splits, k_scales, v_scales)
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
+    if k_scales is not None:  # dequantized, rounded to q's dtype as the kernel rounds them
+        k_cache = dequantize(bits(k_cache), k_scales, q.dtype)
+        v_cache = dequantize(bits(v_cache), v_scales, q.dtype)
     # Gather every sequence's table into a contiguous [num_seqs, max_blocks * block_size, ...].
     k = k_cache[block_tables.long()].flatten(1, 2).float()  # [B, L, num_kv_heads, head_dim]
     v = v_cache[block_tables.long()].flatten(1, 2).float()

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_tile import attend_tile
+from engine.layers.kv_quant import bits, dequantize
 from engine.kernels.common import (
-    check_heads, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
+    FLOAT_DTYPES, check_heads, scale_args, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
 )
 
 BLOCK_M = 64  # (query token, head) rows per program
@@ -37,6 +38,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sb, stride_st, QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     first_query = tl.program_id(1) * BLOCK_Q
@@ -72,22 +74,27 @@ def _prefill_kernel(
         m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
                                  kv_end, q_pos, dims, dim_mask, qk_scale,
                                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                 BLOCK_SIZE, BLOCK_N, False, False, DOT_UPCAST, DOT_PRECISION)
+                                 BLOCK_SIZE, BLOCK_N, False, False, DOT_UPCAST, DOT_PRECISION,
+                                 k_scale_ptr, v_scale_ptr, stride_sb, stride_st, QUANT)
     for tile in range(full_end, kv_end, BLOCK_N):
         m, l, acc = attend_tile(q, m, l, acc, k_cache_ptr, v_cache_ptr, table, kv_head, tile,
                                  kv_end, q_pos, dims, dim_mask, qk_scale,
                                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                                 BLOCK_SIZE, BLOCK_N, True, False, DOT_UPCAST, DOT_PRECISION)
+                                 BLOCK_SIZE, BLOCK_N, True, False, DOT_UPCAST, DOT_PRECISION,
+                                 k_scale_ptr, v_scale_ptr, stride_sb, stride_st, QUANT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 
 
-def _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len) -> int:
-    _, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
+def _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len,
+           k_scales=None, v_scales=None) -> int:
+    _, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache, k_scales, v_scales)
     require(q.dim() == 3, "q", f"must be [num_tokens, num_heads, head_dim], got {tuple(q.shape)}")
-    require(q.dtype == k_cache.dtype, "q", f"dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    require(q.dtype == k_cache.dtype or k_scales is not None, "q",
+            f"dtype {q.dtype} != cache dtype {k_cache.dtype}")
+    require(q.dtype in FLOAT_DTYPES, "q", f"must be a float dtype, got {q.dtype}")
     group = check_heads(q, num_kv_heads, head_dim)
     require(context_lens.dim() == 1 and context_lens.dtype == torch.int32, "context_lens",
             f"must be [num_seqs] int32, got {tuple(context_lens.shape)} {context_lens.dtype}")
@@ -113,10 +120,13 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32, cached tokens including this step's
     scale: float,
     max_query_len: int,  # >= every query_len (sizes the grid; no device sync)
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] float32
+    v_scales: torch.Tensor | None = None,  # of an int8 / fp8 cache (codes), else None
 ) -> torch.Tensor:
     """Causal attention with offset over the paged cache; returns [num_tokens, num_heads,
     head_dim] in q.dtype."""
-    group = _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len)
+    group = _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len,
+                   k_scales, v_scales)
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -139,15 +149,20 @@ def paged_prefill_attention(
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_SIZE=block_size,
         BLOCK_N=max(BLOCK_N, block_size),
         DOT_UPCAST=dot_upcast(q.dtype), DOT_PRECISION=dot_precision(q.dtype),
+        **scale_args(k_scales, v_scales, context_lens),
         num_warps=4,
     )
     return out
 
 
 def paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens,
-                                scale, max_query_len) -> torch.Tensor:
+                                scale, max_query_len, k_scales=None, v_scales=None) -> torch.Tensor:
     """Plain-torch paged_prefill_attention, one sequence at a time."""
-    group = _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len)
+    group = _check(q, k_cache, v_cache, block_tables, cu_query_lens, context_lens, max_query_len,
+                   k_scales, v_scales)
+    if k_scales is not None:  # dequantized, rounded to q's dtype as the kernel rounds them
+        k_cache = dequantize(bits(k_cache), k_scales, q.dtype)
+        v_cache = dequantize(bits(v_cache), v_scales, q.dtype)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     out = torch.zeros_like(q)

@@ -39,29 +39,36 @@ def compile_kernel(kernel, pointers: dict, constexprs: dict, num_warps: int = 4)
 
 
 def main() -> None:
-    attention_ptrs = dict(q_ptr=DT, k_cache_ptr=DT, v_cache_ptr=DT, out_ptr=DT,
-                          block_tables_ptr="i32", context_lens_ptr="i32")
+    scale_ptrs = dict(k_scale_ptr="fp32", v_scale_ptr="fp32")  # an 8-bit KV cache's scales
+    # (cache element type, QUANT): the float cache, and int8 / fp8 e4m3 codes with scales
+    caches = ((DT, False), ("i8", True), ("fp8e4nv", True))
     for m in MODELS:
         group, head_dim = m["heads"] // m["kv_heads"], m["head_dim"]
-        compile_kernel(cache._reshape_and_cache_kernel,
-                       dict(key_ptr=DT, value_ptr=DT, k_cache_ptr=DT, v_cache_ptr=DT,
-                            slot_mapping_ptr="i64"),
-                       dict(NUM_KV_HEADS=m["kv_heads"], HEAD_DIM=head_dim, BLOCK_SIZE=16,
-                            BLOCK_H=triton.next_power_of_2(m["kv_heads"]), BLOCK_D=head_dim))
-        for is_split in (False, True):
-            compile_kernel(decode._decode_split_kernel,
-                           dict(attention_ptrs, part_out_ptr="fp32", part_lse_ptr="fp32"),
-                           dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_H=16,
-                                BLOCK_SIZE=16, BLOCK_N=decode.BLOCK_N, IS_SPLIT=is_split,
-                                DOT_UPCAST=False, DOT_PRECISION="tf32"))
+        for cache_dt, quant in caches:
+            compile_kernel(cache._reshape_and_cache_kernel,
+                           dict(scale_ptrs, key_ptr=DT, value_ptr=DT, k_cache_ptr=cache_dt,
+                                v_cache_ptr=cache_dt, slot_mapping_ptr="i64"),
+                           dict(NUM_KV_HEADS=m["kv_heads"], HEAD_DIM=head_dim, BLOCK_SIZE=16,
+                                BLOCK_H=triton.next_power_of_2(m["kv_heads"]), BLOCK_D=head_dim,
+                                QUANT=quant, IS_INT8=cache_dt == "i8",
+                                QMAX=127.0 if cache_dt == "i8" else 448.0, MIN_SCALE=1e-12))
+        for cache_dt, quant in caches:
+            attention_ptrs = dict(scale_ptrs, q_ptr=DT, k_cache_ptr=cache_dt, v_cache_ptr=cache_dt,
+                                  out_ptr=DT, block_tables_ptr="i32", context_lens_ptr="i32")
+            for is_split in (False, True):
+                compile_kernel(decode._decode_split_kernel,
+                               dict(attention_ptrs, part_out_ptr="fp32", part_lse_ptr="fp32"),
+                               dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_H=16,
+                                    BLOCK_SIZE=16, BLOCK_N=decode.BLOCK_N, IS_SPLIT=is_split,
+                                    DOT_UPCAST=False, DOT_PRECISION="tf32", QUANT=quant))
+            compile_kernel(prefill._prefill_kernel, dict(attention_ptrs, cu_query_lens_ptr="i32"),
+                           dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim,
+                                BLOCK_M=prefill.BLOCK_M, BLOCK_Q=prefill.BLOCK_M // group,
+                                BLOCK_SIZE=16, BLOCK_N=prefill.BLOCK_N, DOT_UPCAST=False,
+                                DOT_PRECISION="tf32", QUANT=quant))
         compile_kernel(decode._decode_reduce_kernel,
                        dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr=DT),
                        dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_S=decode.MAX_SPLITS))
-        compile_kernel(prefill._prefill_kernel, dict(attention_ptrs, cu_query_lens_ptr="i32"),
-                       dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim,
-                            BLOCK_M=prefill.BLOCK_M, BLOCK_Q=prefill.BLOCK_M // group,
-                            BLOCK_SIZE=16, BLOCK_N=prefill.BLOCK_N, DOT_UPCAST=False,
-                            DOT_PRECISION="tf32"))
         compile_kernel(rotary._rotary_kernel,
                        dict(positions_ptr="i64", q_ptr=DT, k_ptr=DT, cos_sin_ptr="fp32"),
                        dict(NUM_HEADS=m["heads"], NUM_KV_HEADS=m["kv_heads"], HALF=head_dim // 2,
