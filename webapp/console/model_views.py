@@ -30,6 +30,7 @@ FORM_SETTINGS = (
     ("dtype", "Dtype", "choice"),
     ("quantization", "Weight quantization", "choice"),
     ("block_size", "KV block size (tokens)", "choice"),
+    ("kv_cache_dtype", "KV cache dtype", "choice"),
     ("kv_cache_memory", "KV cache budget (MiB)", "mib"),
     ("max_num_seqs", "Max running requests", "int"),
     ("max_num_batched_tokens", "Max batched tokens per step", "int"),

@@ -110,3 +110,20 @@ def test_an_8bit_cache_without_its_scales_is_refused_naming_them(device):
     with pytest.raises(InvalidParameterError) as err:
         reshape_and_cache(key, key, codes, codes.clone(), torch.zeros(1, dtype=torch.int64, device=device))
     assert err.value.param == "k_scales"
+
+
+def test_the_engine_on_the_triton_kernels_with_an_int8_cache_gives_the_torch_paths_answers(tiny_llama_dir):
+    from engine import LLM, SamplingParams
+
+    settings = dict(num_kv_blocks=64, max_model_len=256, max_num_batched_tokens=32, device="cpu",
+                    dtype="float32", kv_cache_dtype="int8")
+    prompts = ["The quick brown fox jumps over the lazy dog. " * 4, "Once upon a time"]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=2)
+    torch_out = LLM(str(tiny_llama_dir), use_triton=False, **settings).generate(prompts, params)
+    triton_llm = LLM(str(tiny_llama_dir), use_triton=True, **settings)
+    assert triton_llm.engine.runner.kv_pool.dtype == torch.int8
+    triton_out = triton_llm.generate(prompts, params)
+    for ref, out in zip(torch_out, triton_out):
+        assert out.token_ids == ref.token_ids
+        for a, b in zip(ref.logprobs, out.logprobs):
+            assert abs(a.logprob - b.logprob) < 1e-3  # a rounding tie may land one code apart
