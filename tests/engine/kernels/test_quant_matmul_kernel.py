@@ -56,8 +56,9 @@ def to(device, *tensors):
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 @pytest.mark.parametrize("rows", ROWS)
 def test_int4_kernel_matches_the_layer_reference(device, rows, group_size, dtype, has_bias):
-    # K = 3 groups: not a power of two, 1.5 K tiles of 128 at group 256; N = 48 or 144 leaves a
-    # partial N tile (32, 64 or 128 wide).
+    # K = 3 groups, not a power of two. (An int4 K is always whole K tiles: a tile is at most a
+    # group; the int8 test takes the ragged K.) N = 48 or 144 leaves a partial N tile (32, 64 or
+    # 128 wide).
     out_features = 48 if rows < 70 else 144
     x, codes, scales, zeros, packed, sz, bias, terms = int4_case(
         rows, out_features, 3 * group_size, group_size, dtype, has_bias)
