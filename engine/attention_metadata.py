@@ -34,6 +34,16 @@ class DecodeGroup:
     # are): its first block, so a float32 cache is read through a view (no gather, no mask).
     block_run_start: int | None = None
     context_len: int = 0  # of the group's first sequence, this step's token included
+    _additive: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """``mask`` as 0 / -inf in ``dtype``, converted once per step instead of inside every
+        layer's scaled_dot_product_attention (which converts a bool mask to exactly this)."""
+        m = self._additive.get(dtype)
+        if m is None:
+            m = self._additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device
+                                                    ).masked_fill_(~self.mask, float("-inf"))
+        return m
 
 
 @dataclass

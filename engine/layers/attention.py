@@ -35,10 +35,14 @@ class Workspace:
     def __init__(self, device: torch.device):
         self.device = device
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self._last: dict[tuple[str, torch.dtype], tuple] = {}  # (shape, views) last handed out
 
     def pair(self, shape: tuple[int, ...], dtype: torch.dtype,
              name: str = "kv") -> tuple[torch.Tensor, torch.Tensor]:
         """Two [shape] tensors; pairs of different names (or dtypes) never overlap."""
+        last = self._last.get((name, dtype))
+        if last is not None and last[0] == shape:  # every layer of a step asks the same shape
+            return last[1]
         numel = 1
         for n in shape:
             numel *= n
@@ -46,7 +50,9 @@ class Workspace:
         if buf is None or buf.numel() < 2 * numel:
             size = max(2 * numel, 0 if buf is None else 2 * buf.numel())
             buf = self._buffers[name, dtype] = torch.empty(size, dtype=dtype, device=self.device)
-        return buf[:numel].view(shape), buf[numel:2 * numel].view(shape)
+        views = buf[:numel].view(shape), buf[numel:2 * numel].view(shape)
+        self._last[name, dtype] = (shape, views)
+        return views
 
 
 class PagedAttention(nn.Module):
@@ -161,7 +167,8 @@ class PagedAttention(nn.Module):
         v = v_buf.view(b, length, kvh, d).transpose(1, 2)
         # The `group` query heads sharing a KV head act as `group` query rows: no K/V repeat.
         q = q.view(b, kvh, self.group, d)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=self.scale)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.additive_mask(q.dtype),
+                                           scale=self.scale)
         return o.reshape(b, self.num_heads, d)
 
     def _decode_one_run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
