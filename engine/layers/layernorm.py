@@ -22,14 +22,15 @@ class RMSNorm(nn.Module):
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
-            x = x + residual
-            residual = x
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # in place: the residual stream is this model's own tensor (the embedding's output,
+            # then these sums), and x + r == r + x bit for bit
+            x = residual = residual.add_(x)
+        if self.weight.dtype == torch.float32 and x.dtype == torch.float32:
             # one call instead of seven; the same ops in the same order, bit-identical to HF's
             out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         else:
-            # HF's float32 normalisation in one call (the same values as its four ops), rounded
-            # to the model's dtype before the scale, as HF rounds it
-            h = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
-            out = self.weight * h.to(x.dtype)
+            # HF's float32 normalisation rounded to the model's dtype before the scale, as HF
+            # rounds it: F.rms_norm upcasts a bf16/fp16 x itself and, without a weight, returns
+            # that rounding (bit-identical to x.float() -> rms_norm -> .to(dtype), two casts fewer)
+            out = self.weight * F.rms_norm(x, self.weight.shape, None, self.eps)
         return out if residual is None else (out, residual)

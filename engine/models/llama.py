@@ -41,7 +41,7 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb  # the model's one table, shared by every layer
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, use_triton)
         self.split = self.qkv_proj.output_sizes  # [q, kv, kv]
-        self.qk_size = self.split[0] + self.split[1]
+        self.qk_heads = self.num_heads + self.num_kv_heads
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata, rope: torch.Tensor | None) -> torch.Tensor:
@@ -54,8 +54,9 @@ class LlamaAttention(nn.Module):
             q, k, v = q.view(t, h, d), k.view(t, -1, d), v.contiguous().view(t, -1, d)
         else:
             # Q and K heads rotated together; q, k, v stay views of the two outputs.
-            qk = self.rotary_emb.rotate(qkv[:, :self.qk_size].view(t, -1, d), rope)  # [T, H + KVH, D]
-            q, k, v = qk[:, :h], qk[:, h:], qkv[:, self.qk_size:].view(t, -1, d)
+            heads = qkv.view(t, -1, d)  # [T, H + 2 KVH, D]
+            qk = self.rotary_emb.rotate(heads[:, :self.qk_heads], rope)  # [T, H + KVH, D]
+            q, k, v = qk[:, :h], qk[:, h:], heads[:, self.qk_heads:]
         o = self.attn(q, k, v, kv_cache, meta)  # [T, H, D]
         out = self.o_proj(o.view(t, -1))  # [T, hidden], this rank's part when tensor parallel
         return self.tp.all_reduce(out) if self.tp_size > 1 else out
