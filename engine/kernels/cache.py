@@ -1,7 +1,7 @@
 """Write this step's keys and values into the paged KV cache (float, or 8-bit codes + scales).
 
 An 8-bit cache (engine/layers/kv_quant.py) stores int8 or fp8 e4m3 codes and one float32
-scale per (token, KV head), scale = max |row| / QMAX; int8 codes round half away from zero here
+scale per (token, KV head), scale = max |row| / QMAX rounded up to a bfloat16 value; int8 codes round half away from zero here
 (torch.round, the reference's, rounds half to even: a tie may land one code apart).
 """
 
@@ -60,6 +60,8 @@ def _quantize_rows(x, QMAX: tl.constexpr, MIN_SCALE: tl.constexpr, IS_INT8: tl.c
     # x: [BLOCK_H, BLOCK_D] (padding 0) -> codes (float32 values, cast by the store) and scales.
     x = x.to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, MIN_SCALE)  # [BLOCK_H]
+    # rounded up to a bfloat16 value, as kv_quant.quantize does
+    scale = ((scale.to(tl.int32, bitcast=True) + 0xFFFF) & -0x10000).to(tl.float32, bitcast=True)
     y = x / scale[:, None]
     if IS_INT8:  # round half away from zero; the int8 store truncates
         y = tl.minimum(tl.maximum(tl.where(y >= 0, y + 0.5, y - 0.5), -127.0), 127.0)

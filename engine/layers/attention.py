@@ -103,11 +103,14 @@ class PagedAttention(nn.Module):
         """forward over an 8-bit cache. Every read is of dequantized cache values, this step's
         own tokens included, so an answer does not depend on which of its tokens were cached
         (prefix cache, chunking) before the step; decode always gathers (no pool views)."""
-        k, v = kv_quant.write(kv_cache, k, v, meta.slot_mapping)  # the cached values, [T, KVH, D]
+        step = kv_quant.write(kv_cache, k, v, meta.slot_mapping)
         n = meta.num_prefill_tokens
         if n == 0 and len(meta.decode_groups) == 1:
             return self._decode(q, None, None, meta.decode_groups[0], meta.workspace, kv_cache)
         out = torch.empty_like(q)
+        if any(p.context_slots is None for p in meta.prefills):  # the cached values, [T, KVH, D]
+            k = kv_quant.dequantize(step[0], step[1], q.dtype)
+            v = kv_quant.dequantize(step[2], step[3], q.dtype)
         for p in meta.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
             if p.context_slots is None:
