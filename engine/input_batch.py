@@ -17,7 +17,8 @@ class InputBatch:
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     meta: AttentionMetadata
-    logits_rows: torch.Tensor  # [S] rows of the flat batch whose next token is sampled
+    # [S] rows of the flat batch whose next token is sampled; slice(None) when that is every row
+    logits_rows: torch.Tensor | slice
     sampling: list[ScheduledSequence]  # the S entries, in the same order
 
 
@@ -44,8 +45,13 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
             sampling.append(e)
 
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
+    # One host tensor (one host-to-device copy) for the step's ids, positions and slots; the
+    # three are views of it. Logits rows: every row in order when only decodes sample.
+    t = len(input_ids)
+    every_row = len(logits_rows) == t  # rows are increasing, so then they are 0 .. t - 1
+    flat = _tensor(input_ids + positions + slots + ([] if every_row else logits_rows), device)
     meta = AttentionMetadata(
-        slot_mapping=_tensor(slots, device),
+        slot_mapping=flat[2 * t:3 * t],
         num_prefill_tokens=num_prefill_tokens,
         num_decode_tokens=len(decodes),
     )
@@ -54,10 +60,10 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
     else:
         _fill_torch_metadata(meta, prefills, decodes, block_size, device)
     return InputBatch(
-        input_ids=_tensor(input_ids, device),
-        positions=_tensor(positions, device),
+        input_ids=flat[:t],
+        positions=flat[t:2 * t],
         meta=meta,
-        logits_rows=_tensor(logits_rows, device),
+        logits_rows=slice(None) if every_row else flat[3 * t:],
         sampling=sampling,
     )
 
