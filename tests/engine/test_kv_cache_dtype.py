@@ -82,3 +82,25 @@ def test_dequantizing_in_bf16_gives_the_float32_products_rounded_once(code_dtype
     codes, scales = kv_quant.quantize(x, code_dtype)
     exact = (codes.float() * scales[..., None]).bfloat16()
     assert torch.equal(kv_quant.dequantize(codes, scales, torch.bfloat16), exact)
+
+
+def test_writes_and_gathers_through_one_pool_allocation_match_separate_tensors():
+    from engine.layers.attention import Workspace
+
+    pool = torch.zeros(2, 3, 10, 16, 2, 8, dtype=torch.int8)  # [K/V, layers, blocks, bs, KVH, D]
+    scales = torch.zeros(2, 3, 10, 16, 2)
+    one = (pool[0, 1], pool[1, 1], scales[0, 1], scales[1, 1])  # K and V in one op each
+    separate = tuple(t.clone() for t in one)  # one op per tensor
+    assert kv_quant.stacked(one[0], one[1]) is not None and kv_quant.stacked(*separate[:2]) is None
+    k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    slots = torch.tensor([3, 17, 40, 41, 100])
+    for cache in (one, separate):
+        kv_quant.write(cache, k, v, slots)
+    assert all(torch.equal(a, b) for a, b in zip(one, separate))
+    assert pool[:, 0].abs().sum() == 0 and pool[:, 2].abs().sum() == 0  # other layers untouched
+    ids = torch.tensor([6, 0, 2, 1])
+    got = [kv_quant.gather_blocks(c, ids, torch.bfloat16, Workspace(torch.device("cpu")))
+           for c in (one, separate)]
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert torch.equal(got[0][1][2, 8].float(), kv_quant.read_slots(  # ids[2] = block 2, row 8 = slot 40
+        separate, torch.tensor([40]), torch.float32)[1][0].bfloat16().float())
