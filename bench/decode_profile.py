@@ -1,6 +1,7 @@
-"""Where one batch-1 decode step of the engine goes: ms per token and torch.profiler's op counts.
+"""Where one decode step of the engine goes: ms per step and torch.profiler's op counts.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2] [--steps 40] [--dtype float32] [--context N]
+        [--batch B]
 
 Prints the median step time over ``--steps`` decode steps, then the ops of ``--profile-steps``
 profiled steps (calls per step and self CPU ms per step, the top rows by time and by count).
@@ -21,17 +22,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
 
 
-def _decode_steps(llm: LLM, num_steps: int, profiler=None, context: int = 0) -> list[float]:
-    """Seconds per engine step of one greedy request, after its prefill (which is not profiled);
-    ``context``: the prompt is that many tokens of a repeated text instead of a short one."""
+def _decode_steps(llm: LLM, num_steps: int, profiler=None, context: int = 0,
+                  batch: int = 1) -> list[float]:
+    """Seconds per engine step of ``batch`` greedy requests decoding together, after their
+    prefills (not profiled); ``context``: each prompt is that many tokens of a repeated text
+    instead of a short one."""
     engine = llm.engine
     prompt = "The history of the printing press"
     if context:
         prompt = (engine.tokenizer.encode("The history of the printing press, told again. ")
                   * context)[:context]
-    engine.add_request(f"p{time.monotonic_ns()}", prompt, SamplingParams(
-        temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
-    engine.step()  # prefill
+    for i in range(batch):
+        engine.add_request(f"p{time.monotonic_ns()}-{i}", prompt, SamplingParams(
+            temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
+    while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefills
     if profiler is not None:
         profiler.start()
     times = []
@@ -52,16 +57,17 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: a short prompt)")
+    parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
     args = parser.parse_args()
     settings = {} if args.dtype is None else {"dtype": args.dtype}
     llm = LLM(args.model, **settings)
-    _decode_steps(llm, 8, context=args.context)  # warm-up
-    times = _decode_steps(llm, args.steps, context=args.context)
-    print(f"decode, batch 1{f' at {args.context} tokens' if args.context else ''}: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
+    _decode_steps(llm, 8, context=args.context, batch=args.batch)  # warm-up
+    times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch)
+    print(f"decode, batch {args.batch}{f' at {args.context} tokens' if args.context else ''}: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
           f"(min {min(times) * 1e3:.1f}), torch threads {torch.get_num_threads()}")
 
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-    ptimes = _decode_steps(llm, args.profile_steps, prof, context=args.context)
+    ptimes = _decode_steps(llm, args.profile_steps, prof, context=args.context, batch=args.batch)
     n = len(ptimes)
     events = prof.key_averages()
     counts = Counter()
