@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quantization.int4 import (Int4Weight, Int4WeightOnlyLinear, KERNEL_DTYPE,
+from engine.kernels.cpu import qmatmul
+from engine.quantization.int4 import (Int4Weight, Int4WeightOnlyLinear,
                                       check_int4_shape, quantize_int4)
 from engine.quantization.int8 import Int8Weight, Int8WeightOnlyLinear, quantize_int8
 
@@ -155,8 +156,9 @@ class Int4Linear(_StagedLinear, Int4WeightOnlyLinear):
         self._dense_rows = dense_rows
         self._stage(like, torch.uint8)
         groups = (like.out_features, like.in_features // group_size)
-        self._scales = torch.empty(groups, dtype=KERNEL_DTYPE, device=like.weight.device)
-        self._zeros = torch.empty(groups, dtype=KERNEL_DTYPE, device=like.weight.device)
+        # float32 staging: GGUF's fp16 scales reach the kernel unrounded (torch's rounds them to bf16)
+        self._scales = torch.empty(groups, dtype=torch.float32, device=like.weight.device)
+        self._zeros = torch.empty(groups, dtype=torch.float32, device=like.weight.device)
 
     def _load_rows(self, start: int, size: int, loaded) -> None:
         if not (isinstance(loaded, Int4Weight) and loaded.group_size == self.group_size):
@@ -209,10 +211,13 @@ def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
 class LMHead(nn.Module):
     """Vocabulary projection hidden [S, H] -> float32 logits [S, V], tied to the embedding or not.
 
-    ``prepare`` picks the product per step shape after loading: an int8 per-channel copy for
-    steps of at most LM_HEAD_INT8_MAX_ROWS rows when the model computes in bf16 (costs 1 byte a
-    weight more); a oneDNN-blocked copy in fp32 on CPU (1.5x faster there than the default BLAS
-    for this wide, short product; 4 bytes a weight more); else the weight itself.
+    ``prepare`` picks the product after loading. When the model computes in bf16 with quantized
+    weights: on a CPU where the engine's own kernels build (engine/kernels/cpu/qmatmul.py), an
+    int8 copy with one scale per 32 columns (Q8_0's rounding, 1.06 bytes a weight) for every step,
+    with float32 logits straight from the kernel's accumulator; else torch's int8 per-channel
+    kernel for steps of at most LM_HEAD_INT8_MAX_ROWS rows (1 byte a weight more; its logits are
+    rounded to bf16). In fp32 on a CPU: a oneDNN-blocked copy (1.5x faster there than the default
+    BLAS for this wide, short product; 4 bytes a weight more). Else the weight itself.
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, tied: nn.Parameter | None = None):
@@ -224,14 +229,19 @@ class LMHead(nn.Module):
             self.weight.weight_loader = default_weight_loader
         self.packed_fp32 = None
         self.small_rows: Int8WeightOnlyLinear | None = None
+        self.register_buffer("q8_weight", None, persistent=False)  # the native kernel's int8 copy
+        self.register_buffer("q8_scales", None, persistent=False)
 
     @torch.no_grad()
     def prepare(self, *, int8_small_rows: bool) -> None:
+        """int8_small_rows: the model runs the quantized fast path (an int8 copy is welcome)."""
         weight = self.weight.detach()
-        self.packed_fp32 = self.small_rows = None
+        self.packed_fp32 = self.small_rows = self.q8_weight = self.q8_scales = None
         if weight.device.type != "cpu":
             return
-        if int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
+        if int8_small_rows and weight.dtype == torch.bfloat16 and qmatmul.supports(*weight.shape):
+            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*qmatmul.quantize_int8_blocks(weight))
+        elif int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
         elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             self.packed_fp32 = weight.to_mkldnn()
@@ -242,6 +252,9 @@ class LMHead(nn.Module):
         return 0 if self.packed_fp32 is None else self.weight.numel() * 4
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.q8_weight is not None and hidden.dtype in qmatmul.DTYPES:
+            return qmatmul.int8_matmul(hidden if hidden.stride(-1) == 1 else hidden.contiguous(),
+                                       self.q8_weight, self.q8_scales, out_dtype=torch.float32)
         if self.small_rows is not None and hidden.shape[0] <= LM_HEAD_INT8_MAX_ROWS:
             return self.small_rows(hidden).float()
         if self.packed_fp32 is not None:

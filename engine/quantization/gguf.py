@@ -8,8 +8,8 @@ in / 32 consecutive blocks):
 Nibble byte j of a block holds weight j in its low half and weight j + 16 in its high half.
 
 Our int4 computes w = (q - 8) * s + z per group of 32, so Q4_0 is s = d, z = 0 and Q4_1 is
-s = d, z = m + 8 d, with the codes kept as they are; the only loss is rounding d and z to bf16,
-which the fast CPU kernel requires. Functions take a tensor's raw bytes (``GGUFReader`` tensors'
+s = d, z = m + 8 d, with the codes kept as they are. The engine's own CPU kernel keeps d and m in
+fp16, so nothing is lost; torch's int4 kernel (the fallback) rounds d and z to bf16. Functions take a tensor's raw bytes (``GGUFReader`` tensors'
 ``.data``: uint8 [rows, bytes a row]) and the HF shape (out, in). Rows come out in file order:
 apply the loader's Q/K un-permutation to codes, scales and zeros alike (it moves whole rows).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.quantization.int4 import KERNEL_DTYPE
 
 BLOCK = 32
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -54,8 +53,8 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def q4_to_int4(data, shape: tuple[int, int], qtype: str
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0 / Q4_1 bytes -> (codes uint8 [out, in], scales bf16 [out, in/32], zeros bf16 [out, in/32]),
-    the arguments of Int4WeightOnlyLinear with group_size 32."""
+    """Q4_0 / Q4_1 bytes -> (codes uint8 [out, in], scales and zeros float32 [out, in/32], the
+    file's fp16 values unrounded), the arguments of Int4WeightOnlyLinear with group_size 32."""
     if qtype not in ("Q4_0", "Q4_1"):
         raise ValueError(f"q4_to_int4 takes Q4_0 or Q4_1 blocks, got {qtype!r}")
     blocks = _blocks(data, shape, qtype)
@@ -64,7 +63,7 @@ def q4_to_int4(data, shape: tuple[int, int], qtype: str
         zeros, qs = torch.zeros_like(d), blocks[..., 2:]
     else:
         zeros, qs = _fp16(blocks[..., 2:4]) + 8 * d, blocks[..., 4:]
-    return _nibbles(qs), d.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE)
+    return _nibbles(qs), d, zeros
 
 
 def q8_0_to_int8(data, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

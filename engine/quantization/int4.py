@@ -1,12 +1,16 @@
-"""Group-wise asymmetric int4 weight-only linear layers, in the layout torch's CPU kernel reads.
+"""Group-wise asymmetric int4 weight-only linear layers.
 
 A weight [out, in] is cut into groups of ``group_size`` consecutive input columns; each group of
 each row has a scale s and a zero point z, and a 4-bit code q in 0..15 stands for
 
     w = (q - 8) * s + z
 
-which is what ``torch.ops.aten._weight_int4pack_mm_for_cpu`` computes (checked in the tests).
-Facts of that kernel in torch 2.13 (measured; see bench/linear_kernels.py):
+On the CPU the product runs in the engine's own kernel where it builds (engine/kernels/cpu/qmatmul.py:
+the codes times int8-rounded activations with VNNI dot products, fp16 d = s and m = z - 8 s per
+32 columns, 1.2x torch's int4 kernel at 1 row and 1.8-2.1x from 32 rows, one thread, AVX512-VNNI;
+bench/cpu_kernels.py). Otherwise it is ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
+computes the same formula (checked in the tests). Facts of that kernel in torch 2.13 (measured;
+see bench/linear_kernels.py):
 - the activation and the scales/zeros tensor must have the same dtype (fp32, bf16 or fp16);
   on AVX512-BF16 CPUs only bf16 is fast, so the module runs the product in bf16 and casts its
   input and output, whatever dtype the model computes in;
@@ -15,14 +19,14 @@ Facts of that kernel in torch 2.13 (measured; see bench/linear_kernels.py):
 - ``_convert_weight_to_int4pack_for_cpu`` takes int32 codes [out, in] and returns an opaque,
   blocked uint8 [out, in / 2] (inner_k_tiles is ignored on CPU), so a checkpoint should store
   the plain codes (``pack_codes``) and pack them when loading.
-Off the CPU the module keeps the plain nibbles and dequantizes before the product (a Triton
-dequantize-and-multiply kernel is to come).
+Off the CPU the module keeps the plain nibbles and multiplies them in a Triton kernel
+(engine/quantization/gpu_matmul.py), or dequantizes before the product where Triton cannot run.
 
-The kernel wins at few rows and loses to a bf16 GEMM at many (SmolLM2's projections on AVX512-BF16:
-3.6 vs 9.1 ms at 1 row, even at 16, 21 vs 17 ms at 32; bench/linear_kernels.py), so on the CPU
-``set_weight(..., dense_rows=N)`` also keeps a bf16 copy of the dequantized weight (2 bytes a
-weight, beside the 0.63 of the codes and groups of 32) and ``forward`` multiplies a step of N rows or
-more by that copy instead.
+torch's kernel wins at few rows and loses to a bf16 GEMM at many (SmolLM2's projections on
+AVX512-BF16: 3.6 vs 9.1 ms at 1 row, even at 16, 21 vs 17 ms at 32; bench/linear_kernels.py), so
+on the CPU ``set_weight(..., dense_rows=N)`` also keeps a bf16 copy of the dequantized weight (2
+bytes a weight, beside the 0.63 of the codes and groups of 32) and ``forward`` multiplies a step of
+N rows or more by that copy instead.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.kernels.cpu import qmatmul
 
 GROUP_SIZES = (32, 64, 128, 256)
 KERNEL_DTYPE = torch.bfloat16  # scales, zeros and activations of the fast CPU product
@@ -151,20 +157,34 @@ class Int4WeightOnlyLinear(nn.Module):
                              f"and {tuple(zeros.shape)}")
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.is_cpu_kernel = codes.device.type == "cpu"
-        if self.is_cpu_kernel:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        # on the CPU, the engine's own int4 x int8 kernel where it builds (engine/kernels/cpu/qmatmul.py)
+        self.native = self.is_cpu_kernel and qmatmul.supports(out_features, in_features)
+        if self.native:
+            try:
+                packed, d, m = qmatmul.pack_int4(codes, scales, zeros, group_size)
+                self.register_buffer("q4_d", d)  # fp16 [N / G, K / 32, G]: w = d q + m
+                self.register_buffer("q4_m", m)
+            except ValueError:  # a scale beyond fp16: torch's kernel takes bf16 ones
+                self.native = False
+        if self.native:
+            self.register_buffer("scales_and_zeros", None)
         else:
-            packed = pack_codes(codes.to(torch.uint8))
-        self.register_buffer("weight_packed", packed)  # CPU: opaque kernel layout; else plain
-        # [K / group, N, 2]: (scale, zero) pairs, the kernel's qScaleAndZeros
-        self.register_buffer("scales_and_zeros", torch.stack(
-            [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
+            self.register_buffer("q4_d", None)
+            self.register_buffer("q4_m", None)
+            if self.is_cpu_kernel:
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+            else:
+                packed = pack_codes(codes.to(torch.uint8))
+            # [K / group, N, 2]: (scale, zero) pairs, the kernel's qScaleAndZeros
+            self.register_buffer("scales_and_zeros", torch.stack(
+                [scales.t(), zeros.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
+        self.register_buffer("weight_packed", packed)  # CPU: a kernel's layout; else plain nibbles
         keep_dense = bool(dense_rows) and self.is_cpu_kernel
         self.dense_rows = dense_rows if keep_dense else None
         # steps of fewer rows than this go straight to the CPU kernel (0: never, as with a bias)
         self.direct_rows = (0 if not self.is_cpu_kernel or self.bias is not None
                             else self.dense_rows or 1 << 62)
-        # from the codes and the bf16 groups the kernel reads, one layer (a chunk of it) at a time
+        # from the codes and the bf16 groups torch's kernel reads, one layer (a chunk of it) at a time
         self.register_buffer("weight_dense", dense_int4(
             codes, scales.to(KERNEL_DTYPE), zeros.to(KERNEL_DTYPE), group_size) if keep_dense else None)
 
@@ -175,7 +195,11 @@ class Int4WeightOnlyLinear(nn.Module):
         return cls(codes, scales, zeros, group_size, bias)
 
     def dequantized_weight(self) -> torch.Tensor:
-        """float32 [N, K]; off the CPU only (the CPU pack is opaque)."""
+        """float32 [N, K]; not for torch's CPU pack, which is opaque."""
+        if self.native:
+            codes, d, m = qmatmul.unpack_int4(self.weight_packed, self.q4_d, self.q4_m)
+            return (codes.float().reshape(self.out_features, -1, qmatmul.BLOCK) * d[..., None]
+                    + m[..., None]).reshape(self.out_features, self.in_features)
         if self.is_cpu_kernel:
             raise NotImplementedError("the CPU int4 pack is opaque; keep the codes to dequantize")
         return dequantize_int4(unpack_codes(self.weight_packed), self.scales_and_zeros[..., 0].t(),
@@ -184,14 +208,21 @@ class Int4WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The decode step's common case, one kernel call and nothing around it: [T, K] bf16
         # contiguous rows, no bias, fewer rows than the dense copy takes (bench/decode_profile.py).
-        if (self.direct_rows > x.shape[0] and x.dtype == KERNEL_DTYPE and x.dim() == 2
-                and x.is_contiguous()):
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, self.weight_packed, self.group_size, self.scales_and_zeros)
+        if self.direct_rows > x.shape[0] and x.dim() == 2 and x.stride(-1) == 1:
+            if self.native and x.dtype in qmatmul.DTYPES:
+                return qmatmul.int4_matmul(x, self.weight_packed, self.q4_d, self.q4_m)
+            if x.dtype == KERNEL_DTYPE and x.is_contiguous():
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    x, self.weight_packed, self.group_size, self.scales_and_zeros)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [T, K]
         if self.weight_dense is not None and x2.shape[0] >= self.dense_rows:
             out = F.linear(x2.to(KERNEL_DTYPE), self.weight_dense).to(x.dtype)
+        elif self.native:
+            xk = x2 if x2.dtype in qmatmul.DTYPES else x2.float()
+            bias = None if self.bias is None else self.bias.float().contiguous()
+            out = qmatmul.int4_matmul(xk.contiguous(), self.weight_packed, self.q4_d, self.q4_m, bias).to(x.dtype)
+            return out.reshape(*shape[:-1], self.out_features)
         elif self.is_cpu_kernel:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(KERNEL_DTYPE).contiguous(), self.weight_packed, self.group_size,

@@ -218,13 +218,16 @@ def test_metrics_show_worker_state_and_api_requests(embedded_site, client):
 
 
 def test_bundled_smollm2_answers_a_question(client, embedded_site):
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # Not "the capital of France": there the 135M model's first token is a near-tie ("The" over
+    # "L'" by 0.08 nats in transformers fp32) that int8-rounded activations flip, in our kernels
+    # and in llama.cpp's alike ("L'Étoile, la Marseillaise, ...").
+    messages = [{"role": "user", "content": "What is 2+2?"}]
 
     response = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=12)
     streamed = list(client.chat.completions.create(model="smollm2", messages=messages, temperature=0,
                                                    max_tokens=12, stream=True))
 
-    assert "Paris" in response.choices[0].message.content
+    assert "4" in response.choices[0].message.content
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == response.choices[0].message.content
     assert response.usage.prompt_tokens == len(apply_chat_template(load_tokenizer("smollm2"), messages))
     assert embedded_site.usage(response.id)["prompt_tokens"] == response.usage.prompt_tokens

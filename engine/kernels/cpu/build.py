@@ -1,0 +1,103 @@
+"""Compile a kernel source beside this file into a shared library once per source, compiler and
+CPU, and load it with ctypes.
+
+The library goes to ``$PAGODA_KERNEL_CACHE`` (default ``~/.cache/pagoda/kernels``) under a name
+hashed from the source, the compiler's version and the CPU's model and flags, so a changed source
+or another machine builds afresh and a cached file is never one built for a different CPU. It links
+the OpenMP runtime torch itself loaded, so the kernels' threads are torch's threads, not a second
+pool competing with them for the cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+
+logger = logging.getLogger(__name__)
+
+HERE = pathlib.Path(__file__).resolve().parent
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+NATIVE = ("-march=native",)  # the instruction set of the machine that builds (and runs) it
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("PAGODA_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> pathlib.Path:
+    default = pathlib.Path.home() / ".cache" / "pagoda" / "kernels"
+    return pathlib.Path(os.environ.get("PAGODA_KERNEL_CACHE") or default)
+
+
+def _cpu_identity() -> str:
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.uname().machine
+    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _torch_openmp() -> pathlib.Path | None:
+    import torch
+
+    lib = pathlib.Path(torch.__file__).parent / "lib"
+    found = sorted(lib.glob("libgomp*.so*"))
+    return found[0] if found else None
+
+
+def _compile(source: pathlib.Path, target: pathlib.Path, compiler: str, arch: tuple[str, ...]) -> None:
+    gomp = _torch_openmp()
+    link = [f"-Wl,-rpath,{gomp.parent}", str(gomp)] if gomp else []
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, *arch, str(source), "-o", tmp, *link], check=True,
+                       capture_output=True, text=True, timeout=120)
+        os.replace(tmp, target)  # atomic: a concurrent build of the same name loses nothing
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(name: str, arch: tuple[str, ...] = NATIVE) -> ctypes.CDLL | None:
+    """The library built from ``HERE / f"{name}.c"`` for ``arch`` (compiler flags; default: this
+    machine), or None (disabled, no compiler, build failed: logged once)."""
+    key = f"{name} {' '.join(arch)}"
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        _loaded[key] = lib = _build_and_load(name, arch) if enabled() else None
+        return lib
+
+
+def _build_and_load(name: str, arch: tuple[str, ...]) -> ctypes.CDLL | None:
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        logger.info("no C compiler: native CPU kernels off, torch's kernels in use")
+        return None
+    source = HERE / f"{name}.c"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+        digest = hashlib.sha256("\0".join(
+            [source.read_text(), version, " ".join(FLAGS + arch), _cpu_identity()]).encode()).hexdigest()[:16]
+        target = cache_dir() / f"{name}-{digest}.so"
+        if not target.exists():
+            _compile(source, target, compiler, arch)
+            logger.info("built native CPU kernel %s", target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        logger.warning("native CPU kernel %s not built (%s): torch's kernels in use", name, detail)
+        return None

@@ -1,0 +1,286 @@
+/* int4 and int8 weights times int8-quantized activations on the CPU (llama.cpp's Q4_1 and Q8_0
+   times Q8_0).
+
+   int4 weights: w = d * q + m per block of 32 input columns, q in 0..15, d and m fp16. Output rows
+   are taken G at a time (G = 16 with AVX-512, 8 with AVX2: one vector lane per row), and a
+   group's block is 16 G bytes: 4 slices of G x 4 bytes, where byte t of row j in slice s holds
+   the code of column 4 s + t in its low nibble and of column 16 + 4 s + t in its high nibble.
+   One load and a mask give 4 columns of G rows; d and m of a group's block are G fp16 in a row.
+   int8 weights: w = d * q per block of 32, q in -127..127 stored as q + 128 (VNNI multiplies
+   unsigned by signed bytes), 8 slices of G x 4 bytes a block, so m = -128 d.
+
+   Activations are quantized per row and block of 32 to int8, a = sa * qa (sa = max |a| / 127).
+   Each VNNI dot product multiplies 4 columns of G rows by 4 activation codes broadcast to every
+   lane, so a block of one output lane costs 8 integer dot products (exact) and then
+       acc += float(q . qa) * (d * sa) + m * (sa * sum(qa))
+   in float. A lane's operations and their order do not depend on the number of rows M, the
+   row tile or the threads, so a row's result does not depend on what it is batched with, and the
+   AVX512-VNNI, AVX-VNNI and AVX2 paths agree bit for bit. Needs AVX2, FMA and F16C;
+   pagoda_q4_isa() says which path was compiled (0: none). */
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <omp.h>
+
+#define M_BLOCK 64 /* activation rows whose codes stay in cache while the weights stream by */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define G 16
+#define ROW_TILE 8
+typedef __m512i vi;
+typedef __m512 vf;
+#define vi_load(p) _mm512_loadu_si512((const void *)(p))
+#define vi_and _mm512_and_si512
+#define vi_srl4(x) _mm512_srli_epi16((x), 4)
+#define vi_set1 _mm512_set1_epi32
+#define vi_set1_8 _mm512_set1_epi8
+#define vi_zero _mm512_setzero_si512
+#define vf_zero _mm512_setzero_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_cvt _mm512_cvtepi32_ps
+#define vf_fma _mm512_fmadd_ps
+#define vf_mul _mm512_mul_ps
+#define vf_add _mm512_add_ps
+#define vf_loadu _mm512_loadu_ps
+#define vf_storeu _mm512_storeu_ps
+#define vf_ph(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define vi_add _mm512_add_epi32
+#define vi_sll4(x) _mm512_slli_epi32((x), 4)
+#if defined(__AVX512VNNI__)
+#define HAS_VNNI 1
+#define vdot(acc, w, a) _mm512_dpbusd_epi32((acc), (w), (a))
+#else
+#define vdot(acc, w, a) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((w), (a)), _mm512_set1_epi16(1)))
+#endif
+static inline void store_bf16(uint16_t *dst, vf v) {
+    __m512i u = _mm512_castps_si512(v);
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+#else
+#define G 8
+#define ROW_TILE 4
+typedef __m256i vi;
+typedef __m256 vf;
+#define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define vi_and _mm256_and_si256
+#define vi_srl4(x) _mm256_srli_epi16((x), 4)
+#define vi_set1 _mm256_set1_epi32
+#define vi_set1_8 _mm256_set1_epi8
+#define vi_zero _mm256_setzero_si256
+#define vf_zero _mm256_setzero_ps
+#define vf_set1 _mm256_set1_ps
+#define vf_cvt _mm256_cvtepi32_ps
+#define vf_fma _mm256_fmadd_ps
+#define vf_mul _mm256_mul_ps
+#define vf_add _mm256_add_ps
+#define vf_loadu _mm256_loadu_ps
+#define vf_storeu _mm256_storeu_ps
+#define vf_ph(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define vi_add _mm256_add_epi32
+#define vi_sll4(x) _mm256_slli_epi32((x), 4)
+#if defined(__AVXVNNI__)
+#define HAS_VNNI 1
+#define vdot(acc, w, a) _mm256_dpbusd_avx_epi32((acc), (w), (a))
+#else /* 2 products of at most 15 * 128 per 16-bit lane: maddubs never saturates */
+#define vdot(acc, w, a) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (a)), _mm256_set1_epi16(1)))
+#endif
+static inline void store_bf16(uint16_t *dst, vf v) {
+    __m256i u = _mm256_castps_si256(v);
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    u = _mm256_srli_epi32(u, 16);
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+    _mm_storeu_si128((__m128i *)dst, packed);
+}
+#endif
+
+/* Dot product of unsigned bytes up to 255 (int8 weights + 128). Without VNNI, maddubs would
+   saturate on them, so their two nibbles multiply apart: the same exact integer either way. */
+static inline vi vdot8(vi acc, vi w, vi a) {
+#if defined(HAS_VNNI)
+    return vdot(acc, w, a);
+#else
+    const vi m4 = vi_set1_8(0x0f);
+    const vi lo = vdot(vi_zero(), vi_and(w, m4), a), hi = vdot(vi_zero(), vi_and(vi_srl4(w), m4), a);
+    return vi_add(acc, vi_add(lo, vi_sll4(hi)));
+#endif
+}
+
+static inline __m256 load8(const void *x, int bf16) {
+    if (bf16) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)x));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    return _mm256_loadu_ps((const float *)x);
+}
+
+static inline int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Scratch of one activation row: codes int8 [K], then sa [K / 32] and asum [K / 32] floats. */
+static inline int64_t row_bytes(int64_t K) { return (K + K / 32 * 8 + 63) / 64 * 64; }
+
+static void quantize_row(const char *x, int bf16, int64_t K, uint8_t *dst) {
+    int8_t *q = (int8_t *)dst;
+    float *sa = (float *)(dst + K), *asum = sa + K / 32;
+    const int esize = bf16 ? 2 : 4;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const char *xb = x + b * 32 * esize;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = load8(xb + i * 8 * esize, bf16);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m);
+        const __m256 inv = _mm256_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)); /* nearest, ties to even */
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+        const int32_t total = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(q + b * 32), _mm256_permutevar8x32_epi32(packed, order));
+        sa[b] = mx / 127.0f;
+        asum[b] = sa[b] * (float)total;
+    }
+}
+
+/* R activation rows (scratch rows at a, stride rb) times one group of G weight rows of
+   ``bits`` 4 or 8. */
+static inline __attribute__((always_inline)) void tile(
+        int bits, int R, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
+        const uint8_t *a, int64_t rb, int64_t K, vf *acc) {
+    const vi m4 = vi_set1_8(0x0f);
+    for (int r = 0; r < R; r++) acc[r] = vf_zero();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * 4 * bits * G;
+        vi wq[8];
+        if (bits == 4) {
+            for (int s = 0; s < 4; s++) {
+                const vi x = vi_load(wb + s * 4 * G);
+                wq[s] = vi_and(x, m4);
+                wq[s + 4] = vi_and(vi_srl4(x), m4);
+            }
+        } else {
+            for (int s = 0; s < 8; s++) wq[s] = vi_load(wb + s * 4 * G);
+        }
+        const vf dv = vf_ph(d + b * G);
+        const vf mv = bits == 4 ? vf_ph(mn + b * G) : vf_mul(dv, vf_set1(-128.0f));
+        for (int r = 0; r < R; r++) {
+            const uint8_t *ar = a + r * rb;
+            const int32_t *qa = (const int32_t *)(ar + b * 32);
+            const float *sa = (const float *)(ar + K);
+            vi s = vi_zero();
+            if (bits == 4) {
+                for (int g = 0; g < 4; g++) s = vdot(s, wq[g], vi_set1(qa[g]));
+                for (int g = 0; g < 4; g++) s = vdot(s, wq[g + 4], vi_set1(qa[g + 4]));
+            } else {
+                for (int g = 0; g < 8; g++) s = vdot8(s, wq[g], vi_set1(qa[g]));
+            }
+            acc[r] = vf_fma(vf_cvt(s), vf_mul(dv, vf_set1(sa[b])), acc[r]);
+            acc[r] = vf_fma(mv, vf_set1(sa[nb + b]), acc[r]);
+        }
+    }
+}
+
+int pagoda_q4_isa(void) {
+#if defined(__AVX512VNNI__) && G == 16
+    return 4; /* avx512-vnni */
+#elif G == 16
+    return 3; /* avx512 */
+#elif defined(__AVXVNNI__)
+    return 2; /* avx-vnni */
+#else
+    return 1; /* avx2 */
+#endif
+}
+
+int pagoda_q4_rows_per_group(void) { return G; }
+
+int64_t pagoda_q4_scratch_bytes(int64_t M, int64_t K) { return M * row_bytes(K); }
+
+static inline __attribute__((always_inline)) void run(
+        int bits, const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
+        const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t N,
+        const float *bias, void *y, int64_t ldy, int y_bf16, uint8_t *scratch, int num_threads) {
+    const int64_t nb = K / 32, rb = row_bytes(K), groups = N / G;
+    const int esize = x_bf16 ? 2 : 4;
+    if (num_threads < 1) num_threads = 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; r++)
+            quantize_row((const char *)x + r * ldx * esize, x_bf16, K, scratch + r * rb);
+        const int T = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
+        vf acc[ROW_TILE];
+        for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
+            const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
+            for (int64_t gi = g0; gi < g1; gi++) {
+                const uint8_t *wg = w + gi * nb * 4 * bits * G;
+                const uint16_t *dg = d + gi * nb * G, *mg = bits == 4 ? mn + gi * nb * G : NULL;
+                const vf bv = bias ? vf_loadu(bias + gi * G) : vf_zero();
+                for (int64_t r = m0; r < m1; r += ROW_TILE) {
+                    const uint8_t *a = scratch + r * rb;
+                    const int R = m1 - r < ROW_TILE ? (int)(m1 - r) : ROW_TILE;
+                    switch (R) {
+#if ROW_TILE == 8
+                        case 8: tile(bits, 8, wg, dg, mg, nb, a, rb, K, acc); break;
+                        case 7: tile(bits, 7, wg, dg, mg, nb, a, rb, K, acc); break;
+                        case 6: tile(bits, 6, wg, dg, mg, nb, a, rb, K, acc); break;
+                        case 5: tile(bits, 5, wg, dg, mg, nb, a, rb, K, acc); break;
+#endif
+                        case 4: tile(bits, 4, wg, dg, mg, nb, a, rb, K, acc); break;
+                        case 3: tile(bits, 3, wg, dg, mg, nb, a, rb, K, acc); break;
+                        case 2: tile(bits, 2, wg, dg, mg, nb, a, rb, K, acc); break;
+                        default: tile(bits, 1, wg, dg, mg, nb, a, rb, K, acc); break;
+                    }
+                    for (int i = 0; i < R; i++) {
+                        const vf v = vf_add(acc[i], bv);
+                        if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
+                        else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* y[M, N] = x[M, K] W^T (+ bias[N]) for int4 weights (nibbles, d, m) or int8 ones (q + 128, d);
+   x and y fp32 or bf16 with row strides ldx, ldy in elements; K a multiple of 32, N of G;
+   scratch of pagoda_q4_scratch_bytes(M, K). */
+void pagoda_q4_matmul(const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
+                      const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t N,
+                      const float *bias, void *y, int64_t ldy, int y_bf16,
+                      uint8_t *scratch, int num_threads) {
+    run(4, x, M, K, ldx, x_bf16, w, d, mn, N, bias, y, ldy, y_bf16, scratch, num_threads);
+}
+
+void pagoda_q8_matmul(const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
+                      const uint8_t *w, const uint16_t *d, int64_t N,
+                      const float *bias, void *y, int64_t ldy, int y_bf16,
+                      uint8_t *scratch, int num_threads) {
+    run(8, x, M, K, ldx, x_bf16, w, d, NULL, N, bias, y, ldy, y_bf16, scratch, num_threads);
+}
+
+#else /* no AVX2/FMA/F16C: the engine keeps torch's kernel */
+int pagoda_q4_isa(void) { return 0; }
+int pagoda_q4_rows_per_group(void) { return 0; }
+int64_t pagoda_q4_scratch_bytes(int64_t M, int64_t K) { return 0 * M * K; }
+void pagoda_q4_matmul(void) {}
+void pagoda_q8_matmul(void) {}
+#endif
