@@ -152,28 +152,35 @@ def unpack_int8(packed: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, to
     return q.to(torch.int8), _flat(d)
 
 
-def _scratch(nbytes: int) -> torch.Tensor:
+def _scratch_row_bytes(k: int) -> int:
+    """qmatmul.c's row_bytes: codes, then a scale and a sum per block, 64-byte aligned."""
+    return (k + k // BLOCK * 8 + 63) // 64 * 64
+
+
+def _scratch(nbytes: int) -> int:
+    """Address of this thread's scratch area of at least ``nbytes`` (grown geometrically)."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.numel() < nbytes:
         size = max(nbytes, 0 if buf is None else 2 * buf.numel())
         buf = _local.buf = torch.empty(size, dtype=torch.uint8)  # 64-byte aligned (c10's CPU allocator)
-    return buf
+    return buf.data_ptr()
 
 
-def _call(fn_name: str, x: torch.Tensor, weights: tuple, n: int, bias, out_dtype, lib) -> torch.Tensor:
-    lib = lib or library()
+def _call(fn, x: torch.Tensor, w: int, d: int, m: int | None, n: int, bias, out_dtype) -> torch.Tensor:
+    """One kernel call; kept lean, it runs ~120 times a decode step."""
     rows, k = x.shape
-    if x.dtype not in DTYPES or x.stride(1) != 1:
+    if x.stride(1) != 1 or not (x.dtype is torch.bfloat16 or x.dtype is torch.float32):
         raise ValueError("the CPU kernels take fp32 or bf16 activations with contiguous rows")
     out_dtype = out_dtype or x.dtype
     y = torch.empty(rows, n, dtype=out_dtype)
     if rows == 0:
         return y
-    scratch = _scratch(lib.pagoda_q4_scratch_bytes(rows, k))
-    getattr(lib, fn_name)(x.data_ptr(), rows, k, x.stride(0), int(x.dtype == torch.bfloat16),
-                          *(t.data_ptr() for t in weights), n,
-                          None if bias is None else bias.data_ptr(), y.data_ptr(), n,
-                          int(out_dtype == torch.bfloat16), scratch.data_ptr(), torch.get_num_threads())
+    scratch = _scratch(rows * _scratch_row_bytes(k))
+    args = [x.data_ptr(), rows, k, x.stride(0), x.dtype is torch.bfloat16, w, d]
+    if m is not None:
+        args.append(m)
+    fn(*args, n, None if bias is None else bias.data_ptr(), y.data_ptr(), n,
+       out_dtype is torch.bfloat16, scratch, torch.get_num_threads())
     return y
 
 
@@ -182,16 +189,16 @@ def int4_matmul(x: torch.Tensor, nibbles: torch.Tensor, d: torch.Tensor, m: torc
                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [M, K] fp32 or bf16 (rows contiguous) -> y [M, N] (out_dtype, default x's); bias fp32 [N]
     or None; ``lib``: another build of the kernels (tests), declared with ``declare``."""
-    return _call("pagoda_q4_matmul", x, (nibbles, d, m), nibbles.shape[0] * nibbles.shape[3],
-                 bias, out_dtype, lib)
+    return _call((lib or library()).pagoda_q4_matmul, x, nibbles.data_ptr(), d.data_ptr(),
+                 m.data_ptr(), nibbles.shape[0] * nibbles.shape[3], bias, out_dtype)
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """int4_matmul's contract for int8 weights (pack_int8)."""
-    return _call("pagoda_q8_matmul", x, (packed, d), packed.shape[0] * packed.shape[3],
-                 bias, out_dtype, lib)
+    return _call((lib or library()).pagoda_q8_matmul, x, packed.data_ptr(), d.data_ptr(), None,
+                 packed.shape[0] * packed.shape[3], bias, out_dtype)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,3 +169,9 @@ def test_lm_head_gives_float32_logits_that_do_not_depend_on_the_batch():
     assert ((logits - exact).norm() / exact.norm()).item() < 0.01
     # not rounded to bf16: far more distinct values than bf16 has near these magnitudes
     assert not torch.equal(logits, logits.bfloat16().float())
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 576, 1536, 8192])
+def test_the_scratch_python_reserves_is_what_the_kernel_writes(k):
+    for rows in (1, 7, 300):
+        assert rows * q4._scratch_row_bytes(k) == q4.library().pagoda_q4_scratch_bytes(rows, k)
