@@ -129,7 +129,7 @@ class EngineConfig:
     kv_cache_dtype: str = _setting(
         "auto", "what the KV cache stores; auto: the activation dtype; int8 / fp8_e4m3: 8-bit codes "
         "with a float32 scale per token and KV head, so the same memory holds about twice the "
-        "tokens of bf16 (four times float32's)", str, choices=KV_CACHE_DTYPES)
+        "tokens of bf16 (four times float32's); fp8_e4m3 on CUDA only", str, choices=KV_CACHE_DTYPES)
     kv_cache_memory: int | None = _setting(
         None, "size of the KV pool in bytes; default on CPU: max_num_seqs x max_model_len tokens, "
         f"at most {CPU_KV_CACHE_MEMORY_FRACTION:g} of the machine's memory", minimum=1)
