@@ -2,35 +2,91 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+import transformers
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.models.registry import checkpoint_format, resolve_model_path
 
+logger = logging.getLogger(__name__)
+ENGINE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds the engine package
+
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The checkpoint's tokenizer; a GGUF one is converted from the file's metadata (~4 s on CPU)."""
+    """The checkpoint's tokenizer; a GGUF one is converted from the file's metadata once (~4 s on
+    CPU) and read back from the cache the conversion left (``gguf_tokenizer_dir``)."""
     path = resolve_model_path(str(path))
     try:
         if checkpoint_format(path) == "gguf":
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            if not tokenizer.chat_template:
-                tokenizer.chat_template = _gguf_chat_template(path)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            cached = gguf_tokenizer_dir(path)
+            if cached is not None:
+                return AutoTokenizer.from_pretrained(cached)
+            return _convert_gguf_tokenizer(path)
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer of {str(path)!r}: {exc}") from exc
+
+
+def _convert_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = _gguf_chat_template(path)
     return tokenizer
 
 
-def _gguf_chat_template(path: Path) -> str | None:
-    from gguf import GGUFReader
+def gguf_tokenizer_dir(path: Path) -> Path | None:
+    """A folder holding the GGUF's tokenizer as transformers saves it, converted in a child
+    process the first time; None when it cannot be written (then the caller converts in-process).
 
-    field = GGUFReader(path).fields.get("tokenizer.chat_template")
-    return None if field is None else field.contents()
+    Converting in this process costs ~150 MiB of resident memory that stays after the load
+    (transformers' GGUF reader and the modules it imports: torch.distributed.tensor, sympy, ...;
+    bench/memory.py); reading the saved files back costs ~15. The folder lies under
+    $PAGODA_CACHE (default ~/.cache/pagoda)/tokenizers, named after the file's name, size and
+    modification time and transformers' version, so a changed file or library converts again.
+    """
+    stat = path.stat()
+    root = Path(os.environ.get("PAGODA_CACHE") or Path.home() / ".cache" / "pagoda") / "tokenizers"
+    out = root / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}-transformers{transformers.__version__}"
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=root))
+    except OSError as exc:
+        logger.info("tokenizer cache %s not writable (%s): converting %s in this process", root, exc, path.name)
+        return None
+    script = ("import sys; from engine.tokenizer import _convert_gguf_tokenizer; from pathlib import Path; "
+              "_convert_gguf_tokenizer(Path(sys.argv[1])).save_pretrained(sys.argv[2])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ENGINE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        result = subprocess.run([sys.executable, "-c", script, str(path), str(staging)], env=env,
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0 or not (staging / "tokenizer_config.json").is_file():
+            logger.warning("converting the tokenizer of %s in a child process failed (%s): converting "
+                           "in this process", path.name, result.stderr.strip()[-500:])
+            return None
+        try:
+            staging.rename(out)
+        except OSError:  # another process cached it first
+            if not (out / "tokenizer_config.json").is_file():
+                raise
+        return out
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("caching the tokenizer of %s failed (%s): converting in this process", path.name, exc)
+        return None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
