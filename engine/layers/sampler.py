@@ -129,9 +129,52 @@ def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> t
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+# A row's top-p nucleus (and top-k set) is looked for among its this many most likely tokens
+# first; only a row whose nucleus is wider sorts its whole vocabulary (SmolLM2's 49,152 at 32
+# rows: the sort was half of a decode step).
+TOP_P_CANDIDATES = 1024
+
+
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
                        top_p: torch.Tensor) -> torch.Tensor:
-    """Top-k, then the smallest nucleus of the renormalised rest with mass >= top_p."""
+    """Top-k, then the smallest nucleus of the renormalised rest with mass >= top_p.
+
+    Per row, over the TOP_P_CANDIDATES largest logits where they hold the answer: the top-k set
+    when k fits in them, or a nucleus whose mass they reach (normalised over the whole row). A
+    row where they do not falls back to the full sort; rows with neither top-k nor top-p pass
+    untouched. Each row's path depends on that row alone."""
+    vocab_size = logits.shape[1]
+    c = min(TOP_P_CANDIDATES, vocab_size)
+    if c == vocab_size:
+        return _apply_top_k_top_p_sorted(logits, top_k, top_p)
+    k = (torch.full_like(top_p, vocab_size, dtype=torch.long) if top_k is None
+         else torch.where(top_k == 0, vocab_size, top_k.clamp(max=vocab_size)))  # [S]
+    vals, idx = logits.topk(c, dim=-1)  # [S, c], descending
+    kth = vals.gather(1, (k.clamp(max=c) - 1).unsqueeze(1))  # [S, 1]
+    # the top-k set lies in the candidates, ties with the k-th value included
+    k_inside = (k <= c) & (vals[:, -1] < kth[:, 0])
+    vals = vals.masked_fill(k_inside.unsqueeze(1) & (vals < kth), float("-inf"))
+    lse = torch.where(k_inside, vals.logsumexp(dim=-1), logits.logsumexp(dim=-1))  # [S]
+    probs = (vals - lse.unsqueeze(1)).exp()  # [S, c], of the row's renormalised distribution
+    mass_before = probs.cumsum(dim=-1) - probs
+    nucleus = (top_p < 1.0).unsqueeze(1)
+    vals = vals.masked_fill((mass_before >= top_p.unsqueeze(1)) & nucleus, float("-inf"))
+    covered = k_inside | ((k == vocab_size) & (top_p < 1.0) & (probs.sum(dim=-1) >= top_p))
+    out = torch.full_like(logits, float("-inf")).scatter_(1, idx, vals)
+    untouched = (k == vocab_size) & (top_p >= 1.0)
+    if untouched.any():
+        out[untouched] = logits[untouched]
+    wide = ~(covered | untouched)
+    if wide.any():
+        rows = wide.nonzero().squeeze(1)
+        out[rows] = _apply_top_k_top_p_sorted(logits[rows], None if top_k is None else top_k[rows],
+                                              top_p[rows])
+    return out
+
+
+def _apply_top_k_top_p_sorted(logits: torch.Tensor, top_k: torch.Tensor | None,
+                              top_p: torch.Tensor) -> torch.Tensor:
+    """_apply_top_k_top_p over the whole vocabulary, sorted."""
     vocab_size = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [S, V]
     if top_k is not None:

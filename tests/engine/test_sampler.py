@@ -271,3 +271,31 @@ def test_all_greedy_fast_path_matches_greedy_rows_of_a_mixed_batch():
         reference[r, suppress[r]] = float("-inf")
     assert torch.equal(fast, reference.argmax(dim=-1))
     assert not torch.equal(fast, logits[:3].argmax(dim=-1))
+
+
+@pytest.mark.parametrize("candidates", [16, 200])
+def test_top_k_top_p_over_candidates_keeps_the_same_tokens_as_the_full_sort(monkeypatch, candidates):
+    from engine.layers import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
+    gen = torch.Generator().manual_seed(candidates)
+    rows, vocab = 12, 3000
+    # peaked rows (a narrow nucleus) and flat ones (a nucleus wider than the candidates)
+    logits = torch.randn(rows, vocab, generator=gen) * torch.tensor([8.0, 0.3] * 6).unsqueeze(1)
+    top_p = torch.tensor([0.9, 0.9, 0.5, 0.99, 1.0, 1.0, 0.7, 0.95, 1.0, 0.3, 0.8, 1.0])
+    top_k = torch.tensor([0, 0, 5, 0, 10, 0, 20, 2500, 0, 3, 0, 150])
+    fast = sampler_module._apply_top_k_top_p(logits, top_k, top_p)
+    full = sampler_module._apply_top_k_top_p_sorted(logits, top_k, top_p)
+    assert torch.equal(fast.isfinite(), full.isfinite())  # the same kept tokens in every row
+    assert torch.equal(fast[fast.isfinite()], logits[fast.isfinite()])  # with their own logits
+    assert torch.equal(fast[5], logits[5])  # neither top-k nor top-p: untouched
+
+
+def test_top_k_ties_at_the_kth_value_beyond_the_candidates_are_all_kept(monkeypatch):
+    from engine.layers import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", 8)
+    logits = torch.zeros(1, 100)
+    logits[0, :3] = torch.tensor([5.0, 4.0, 3.0])  # then 97 tokens tied at 0
+    out = sampler_module._apply_top_k_top_p(logits, torch.tensor([5]), torch.tensor([1.0]))
+    assert int(out.isfinite().sum()) == 100  # the 5th value (0) is shared by every other token
