@@ -147,6 +147,7 @@ def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
     """Bytes of the model's tensors by kind: "float" parameters and buffers, "int4" / "int8"
     quantized layers, "dense bf16 copies" (their weights for steps of many rows), "lm_head copies"
     (the LM head's extra products). Shared tensors count once."""
+    from engine.layers.int8_embedding import Int8Embedding
     from engine.layers.linear import Int4Linear, Int8Linear
     from engine.quantization.int4 import Int4WeightOnlyLinear
     from engine.quantization.int8 import Int8WeightOnlyLinear
@@ -156,13 +157,16 @@ def weights_bytes(model: torch.nn.Module) -> dict[str, int]:
     for name, module in model.named_modules():
         kind = ("lm_head copies" if name.startswith("lm_head.") else
                 "int4" if isinstance(module, (Int4Linear, Int4WeightOnlyLinear)) else
-                "int8" if isinstance(module, (Int8Linear, Int8WeightOnlyLinear)) else "float")
+                "int8" if isinstance(module, (Int8Linear, Int8WeightOnlyLinear, Int8Embedding))
+                else "float")
         for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
             if tensor is None or tensor.is_mkldnn or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
             key = ("dense bf16 copies" if kind in ("int4", "int8")
-                   and tensor is getattr(module, "weight_dense", None) else kind)
+                   and tensor is getattr(module, "weight_dense", None) else
+                   "int8" if name == "lm_head" and tensor.dtype in (torch.uint8, torch.float16)
+                   else kind)  # the LM head's int8 table (and the tied embedding's)
             totals[key] = totals.get(key, 0) + tensor.numel() * tensor.element_size()
         extra = getattr(module, "extra_bytes", 0)  # tensors kept outside parameters and buffers
         if extra:

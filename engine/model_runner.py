@@ -18,6 +18,7 @@ from engine.estimate import kv_bytes_per_token_head
 from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
 from engine.layers import kv_quant
+from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
 from engine.models.llama import LlamaForCausalLM
@@ -97,6 +98,10 @@ class ModelRunner:
         self.block_size = config.block_size
         self.use_triton = (config.use_triton if config.use_triton is not None
                            else self.device.type == "cuda")
+        if (config.kv_cache_dtype == "fp8_e4m3" and self.use_triton and self.device.type == "cuda"
+                and torch.cuda.get_device_capability(self.device) < (8, 9)):
+            raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 in the Triton kernels needs a GPU "
+                                        "of compute capability 8.9 or later (Ada, Hopper); use int8")
         with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
                 self.tp_group):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
@@ -123,6 +128,7 @@ class ModelRunner:
         self.model.lm_head.prepare(int8_small_rows=quantization not in (None, "none") and (
             bool(self.quantization_plan) or quantization != "auto" or any(
                 native.get(n) for n in ("model.embed_tokens.weight", "lm_head.weight"))))
+        self._share_vocabulary_table()
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
         self.num_blocks = self._num_kv_blocks()
@@ -140,6 +146,15 @@ class ModelRunner:
             logger.info(self.memory_profile.summary(self.kv_cache_bytes, self.num_blocks,
                                                     self.block_size))
         self.cuda_graphs = self._capture_cuda_graphs()
+
+    def _share_vocabulary_table(self) -> None:
+        """A tied embedding reads the LM head's int8 table when it has one (CPU fast path), and the
+        float table is freed (engine/layers/int8_embedding.py)."""
+        head, inner = self.model.lm_head, self.model.model
+        if head.q8_weight is None or head.weight is not getattr(inner.embed_tokens, "weight", None):
+            return
+        inner.embed_tokens = Int8Embedding(head.q8_weight, head.q8_scales, self.dtype)
+        head.weight = None  # the head multiplies its int8 copy only
 
     def _dense_rows(self) -> int | None:
         """quantization_dense_rows where it applies (quantized layers, CPU with fast bf16, bf16

@@ -175,3 +175,22 @@ def test_lm_head_gives_float32_logits_that_do_not_depend_on_the_batch():
 def test_the_scratch_python_reserves_is_what_the_kernel_writes(k):
     for rows in (1, 7, 300):
         assert rows * q4._scratch_row_bytes(k) == q4.library().pagoda_q4_scratch_bytes(rows, k)
+
+
+def test_a_tied_embedding_reads_the_lm_heads_int8_table_and_the_float_table_is_freed():
+    from engine import LLM
+    from engine.layers.int8_embedding import Int8Embedding
+
+    llm = LLM("smollm2")
+    runner = llm.engine.runner
+    if runner.dtype != torch.bfloat16:
+        pytest.skip("the int8 vocabulary table is the bf16 fast path's (this CPU runs fp32)")
+    embed, head = runner.model.model.embed_tokens, runner.model.lm_head
+    assert isinstance(embed, Int8Embedding) and head.weight is None
+    assert embed.codes is head.q8_weight  # one table, not two
+    ids = torch.tensor([0, 1, 17, 4093, 49151])
+    rows = embed(ids)
+    assert rows.dtype == runner.dtype and rows.shape == (5, 576)
+    codes, d = q4.unpack_int8(head.q8_weight, head.q8_scales)
+    expected = (codes[ids].float().reshape(5, -1, 32) * d[ids][..., None]).reshape(5, 576)
+    assert torch.equal(rows, expected.to(runner.dtype))
