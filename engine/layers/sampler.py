@@ -142,10 +142,11 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     Per row, over the TOP_P_CANDIDATES largest logits where they hold the answer: the top-k set
     when k fits in them, or a nucleus whose mass they reach (normalised over the whole row). A
     row where they do not falls back to the full sort; rows with neither top-k nor top-p pass
-    untouched. Each row's path depends on that row alone."""
+    untouched. Each row's path depends on that row alone. CPU only: choosing the rows reads
+    their masks on the host."""
     vocab_size = logits.shape[1]
     c = min(TOP_P_CANDIDATES, vocab_size)
-    if c == vocab_size:
+    if c == vocab_size or logits.device.type != "cpu":  # a GPU sorts fast, and must not sync here
         return _apply_top_k_top_p_sorted(logits, top_k, top_p)
     k = (torch.full_like(top_p, vocab_size, dtype=torch.long) if top_k is None
          else torch.where(top_k == 0, vocab_size, top_k.clamp(max=vocab_size)))  # [S]
