@@ -1,4 +1,4 @@
-"""Decode step time and KV pool capacity of kv_cache_dtype "auto" against "int8" (and fp8_e4m3).
+"""Decode step time and KV pool capacity of kv_cache_dtype "auto" against "int8" (fp8_e4m3: CUDA).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/kv_cache_dtype.py [--model smollm2] [--repeats 3]
 
