@@ -7,7 +7,8 @@ table, safetensors headers and config.json) and returns an ``Estimate`` per tens
   projections, norms and the embedding in the activation dtype; int4 projections 0.5 byte a
   weight plus a bf16 scale and zero per group (0.625 for groups of 32); int8 1 byte plus a
   scale per row; the dense bf16 copies of ``quantization_dense_rows``; the LM head's extra copy
-  on the CPU (int8 when anything is quantized in bf16, else oneDNN's fp32); the RoPE table;
+  on the CPU (int8 when anything is quantized in bf16, with the native kernels an int8 table that
+  a tied embedding shares, its float table freed; else oneDNN's fp32); the RoPE table;
 - KV cache: 2 x layers x KV heads / TP x (head dim x bytes per element, or for an int8 / fp8
   kv_cache_dtype head dim + a 4-byte scale) x tokens, where tokens is
   num_kv_blocks x block_size, or what kv_cache_memory holds, or the CPU default (max_num_seqs x
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine import cpu_info
+from engine.kernels.cpu import build as native_kernels
 from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.models.registry import checkpoint_format, resolve_model_path
@@ -39,7 +41,11 @@ ROW_PARALLEL = ("o_proj", "down_proj")  # split along the input columns; the res
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                      "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-GGUF_NATIVE = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q8_0": ("int8", None)}
+# GGUF block types that load into a quantized layout without a float weight (Q4_K: its 32-column
+# sub-blocks are groups of 32; 5- and 6-bit types: int8, engine/quantization/gguf.py)
+GGUF_NATIVE = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q4_K": ("int4", 32), "Q8_0": ("int8", None),
+               "Q5_0": ("int8", None), "Q5_1": ("int8", None), "Q5_K": ("int8", None),
+               "Q6_K": ("int8", None)}
 # Float32 copies of a step's logits the sampler holds at once (logits, probabilities, the sorted
 # values of top-k/top-p, log-probabilities).
 LOGITS_COPIES = 4
@@ -145,7 +151,14 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     if device == "cpu":  # LMHead.prepare's extra product, over the (tied) embedding's rows
         vocab_rows = arch.vocab_size // tp
         int8_head = quantization not in (None, "none") and (any_quantized or quantization != "auto")
-        if int8_head and dtype == "bfloat16" and arch.hidden_size % 16 == 0:
+        if int8_head and dtype == "bfloat16" and tp == 1 and native_kernels.likely_available() \
+                and arch.hidden_size % 32 == 0 and vocab_rows % 16 == 0:
+            # the native kernel's int8 table, fp16 scale per 32 (engine/kernels/cpu/qmatmul.py);
+            # a tied embedding reads it and its float table is freed (engine/layers/int8_embedding.py)
+            weights += vocab_rows * arch.hidden_size * 17 // 16
+            if not any(t.name == "lm_head.weight" for t in tensors):
+                weights -= vocab_rows * arch.hidden_size * elem
+        elif int8_head and dtype == "bfloat16" and arch.hidden_size % 16 == 0:
             weights += vocab_rows * arch.hidden_size + vocab_rows * elem
         elif dtype == "float32":
             weights += vocab_rows * arch.hidden_size * 4
@@ -270,7 +283,8 @@ READER_BYTES_PER_PART = 666
 # The engine's own tokenizer (transformers' fast tokenizer: vocabulary, merges, added tokens), in
 # RssAnon after malloc_trim: 34.7 and 35.8 MB for SmolLM2's 49,152 tokens in two configurations.
 TOKENIZER_BYTES_PER_TOKEN = 720
-GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K",
+              13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 

@@ -152,7 +152,8 @@ class ModelRunner:
         """A tied embedding reads the LM head's int8 table when it has one (CPU fast path), and the
         float table is freed (engine/layers/int8_embedding.py)."""
         head, inner = self.model.lm_head, self.model.model
-        if head.q8_weight is None or head.weight is not getattr(inner.embed_tokens, "weight", None):
+        if (head.q8_weight is None or type(inner.embed_tokens) is not torch.nn.Embedding
+                or head.weight is not inner.embed_tokens.weight):  # not tied, or vocabulary-parallel
             return
         inner.embed_tokens = Int8Embedding(head.q8_weight, head.q8_scales, self.dtype)
         head.weight = None  # the head multiplies its int8 copy only

@@ -33,6 +33,15 @@ def enabled() -> bool:
     return os.environ.get("PAGODA_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def likely_available() -> bool:
+    """Whether the native kernels should build and run here (on, a C compiler, AVX2 + FMA + F16C),
+    without building them: for estimates made before anything loads."""
+    if not enabled() or not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
+        return False
+    flags = set(_cpu_identity().split())
+    return {"avx2", "fma", "f16c"} <= flags
+
+
 def cache_dir() -> pathlib.Path:
     default = pathlib.Path.home() / ".cache" / "pagoda" / "kernels"
     return pathlib.Path(os.environ.get("PAGODA_KERNEL_CACHE") or default)
