@@ -16,7 +16,8 @@ from gguf.quants import dequantize
 from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
-from engine.quantization.gguf import q4_to_int4, q8_0_to_int8
+from engine.estimate import GGUF_NATIVE
+from engine.quantization.gguf import int8_from_blocks, q4_k_to_int4, q4_to_int4
 from engine.quantization.int4 import Int4Weight
 from engine.quantization.int8 import Int8Weight
 
@@ -39,7 +40,7 @@ GLOBAL_TENSORS = {
 }
 LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGUF block type -> the layout it loads into without a float copy ("int4", group) / ("int8", None)
-NATIVE_LAYOUTS = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q8_0": ("int8", None)}
+NATIVE_LAYOUTS = GGUF_NATIVE  # block types that load quantized (engine/quantization/gguf.py)
 # llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
 
@@ -211,10 +212,12 @@ class GGUFWeights:
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
             qtype = tensor.tensor_type.name
             if name in keep_quantized:
-                if NATIVE_LAYOUTS[qtype][0] == "int4":
+                if qtype == "Q4_K":
+                    weight = Int4Weight(*q4_k_to_int4(tensor.data, shape), 32)
+                elif NATIVE_LAYOUTS[qtype][0] == "int4":
                     weight = Int4Weight(*q4_to_int4(tensor.data, shape, qtype), 32)
                 else:
-                    weight = Int8Weight(*q8_0_to_int8(tensor.data, shape))
+                    weight = Int8Weight(*int8_from_blocks(tensor.data, shape, qtype))
                 yield name, weight.map_rows(lambda rows: self._unpermuted(name, rows))
                 continue
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)

@@ -84,3 +84,57 @@ def q8_0_to_int8(data, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tens
     row_scale = d.abs().amax(dim=1).clamp(min=1e-8)  # [out]
     requantized = torch.round(q * (d / row_scale[:, None])[..., None]).clamp(-127, 127)
     return requantized.to(torch.int8).reshape(blocks.shape[0], -1), row_scale
+
+
+Q4_K_BLOCK, Q4_K_BYTES = 256, 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+
+
+def q4_k_to_int4(data, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K bytes -> (codes uint8 [out, in], scales and zeros float32 [out, in / 32]) for groups of 32.
+
+    A Q4_K super-block of 256 weights has 8 sub-blocks of 32, each w = d sc_j q - dmin m_j with
+    6-bit sc_j and m_j: a group of 32 with s = d sc_j and z = 8 s - dmin m_j, codes as they are
+    (sub-block 2 i in the low nibbles of bytes 32 i .. 32 i + 31, 2 i + 1 in the high ones). s is
+    exact in float32 (an fp16 times a 6-bit integer); the engine's kernel keeps s and z - 8 s in
+    fp16, a relative rounding of 2^-11 at most."""
+    from gguf.quants import Q4_K
+
+    out_features, in_features = (int(d) for d in shape)
+    if in_features % Q4_K_BLOCK:
+        raise ValueError(f"Q4_K: in_features ({in_features}) is not a multiple of {Q4_K_BLOCK}")
+    raw = np.ascontiguousarray(np.asarray(data, dtype=np.uint8))
+    n_blocks = out_features * in_features // Q4_K_BLOCK
+    if raw.size != n_blocks * Q4_K_BYTES:
+        raise ValueError(f"Q4_K tensor of shape {tuple(shape)} needs {n_blocks * Q4_K_BYTES} bytes, "
+                         f"got {raw.size}")
+    blocks = raw.reshape(n_blocks, Q4_K_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [n, 1]
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [n, 8] each, 0..63
+    scales = d * sc.astype(np.float32)  # [n, 8]
+    zeros = 8 * scales - dmin * mins.astype(np.float32)
+    qs = torch.from_numpy(blocks[:, 16:].copy()).reshape(n_blocks, 4, 32)  # 4 pairs of sub-blocks
+    codes = torch.stack([qs & 0x0F, qs >> 4], dim=2)  # [n, 4, 2, 32]: sub-blocks 2 i, 2 i + 1
+    groups = (out_features, in_features // BLOCK)
+    return (codes.reshape(out_features, in_features), torch.from_numpy(scales).reshape(groups),
+            torch.from_numpy(zeros).reshape(groups))
+
+
+def int8_from_blocks(data, shape: tuple[int, int], qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0, Q5_0, Q5_1, Q5_K or Q6_K bytes -> (q int8 [out, in], scales float32 [out]) for the
+    per-channel int8 layers. Q8_0 re-rounds its codes onto the row's largest scale (q8_0_to_int8);
+    the 5- and 6-bit types are dequantized one tensor at a time (gguf's own dequantization) and
+    rounded per row to 255 levels, which adds about half a step of the row's largest weight /
+    127 to each, on top of the file's own rounding."""
+    if qtype == "Q8_0":
+        return q8_0_to_int8(data, shape)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.quantization.int8 import quantize_int8
+
+    if qtype not in ("Q5_0", "Q5_1", "Q5_K", "Q6_K"):
+        raise ValueError(f"int8_from_blocks takes Q8_0, Q5_0, Q5_1, Q5_K or Q6_K, got {qtype!r}")
+    weight = dequantize(np.asarray(data, dtype=np.uint8), GGMLQuantizationType[qtype])
+    return quantize_int8(torch.from_numpy(np.asarray(weight, dtype=np.float32)).reshape(
+        int(shape[0]), int(shape[1])))

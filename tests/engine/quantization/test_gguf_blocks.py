@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from engine.quantization.gguf import q4_to_int4, q8_0_to_int8
+from engine.quantization.gguf import int8_from_blocks, q4_k_to_int4, q4_to_int4, q8_0_to_int8
 from engine.quantization.int4 import Int4WeightOnlyLinear, dequantize_int4
 from engine.quantization.int8 import dequantize_int8, quantize_int8
 
@@ -69,3 +69,40 @@ def test_block_import_refuses_mismatched_shapes_and_types(call, message):
     raw, _ = _blocks("Q4_1")
     with pytest.raises(ValueError, match=message):
         call(raw)
+
+
+def _k_blocks(qtype: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
+    """Random but valid K-quant bytes [out, bytes a row]: every byte random except the fp16
+    super-block scales, set to small finite values."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[getattr(GGMLQuantizationType, qtype)]
+    rng = np.random.default_rng(seed)
+    n = out_features * in_features // block
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    halves = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,)}[qtype]
+    for at in halves:
+        raw[:, at:at + 2] = (rng.random(n) * 0.01).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return raw.reshape(out_features, -1)
+
+
+def test_q4_k_blocks_load_into_groups_of_32_exactly():
+    raw = _k_blocks("Q4_K", 32, 512)
+    codes, scales, zeros = q4_k_to_int4(raw, (32, 512))
+    assert codes.shape == (32, 512) and scales.shape == zeros.shape == (32, 16)
+    reference = dequantize(raw, GGMLQuantizationType.Q4_K).reshape(32, 512)
+    assert np.array_equal(dequantize_int4(codes, scales, zeros, 32).numpy(), reference)
+
+
+@pytest.mark.parametrize("qtype", ["Q5_K", "Q6_K"])
+def test_k_quant_blocks_of_5_and_6_bits_load_into_per_row_int8_within_half_a_step(qtype):
+    raw = _k_blocks(qtype, 16, 256, seed=1)
+    q, row_scale = int8_from_blocks(raw, (16, 256), qtype)
+    reference = torch.from_numpy(dequantize(raw, getattr(GGMLQuantizationType, qtype)).reshape(16, 256))
+    ours = q.float() * row_scale[:, None]
+    assert ((ours - reference).abs() <= row_scale[:, None] * (0.5 + 1e-5)).all()  # + float32 rounding
+
+
+def test_q4_k_needs_whole_super_blocks():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        q4_k_to_int4(np.zeros((4, 144), dtype=np.uint8), (4, 288))
