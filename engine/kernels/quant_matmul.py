@@ -22,8 +22,8 @@ import triton.language as tl
 from engine.kernels.common import (
     FLOAT_DTYPES, dot_precision, dot_upcast, innermost_contiguous, require,
 )
-from engine.quantization.int4 import GROUP_SIZES, int4_linear_reference, unpack_codes
-from engine.quantization.int8 import int8_linear_reference
+from engine.quantization.reference import (GROUP_SIZES, int4_linear_reference, int8_linear_reference,
+                                           unpack_codes)
 
 
 def _blocks(num_rows: int) -> tuple[int, int, int, int]:

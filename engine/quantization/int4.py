@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.cpu import qmatmul
+from engine.quantization.reference import (  # noqa: F401  (part of this module's API)
+    GROUP_SIZES, dequantize_int4, int4_linear_reference, pack_codes, unpack_codes)
 
-GROUP_SIZES = (32, 64, 128, 256)
 KERNEL_DTYPE = torch.bfloat16  # scales, zeros and activations of the fast CPU product
 DENSE_CHUNK_ROWS = 1024  # rows dequantized at a time into the dense copy (bounds the fp32 scratch)
 
@@ -73,15 +74,6 @@ def quantize_int4(weight: torch.Tensor, group_size: int
     return codes, scales, zeros
 
 
-def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                    group_size: int) -> torch.Tensor:
-    """The float32 weight [N, K] the codes stand for: (q - 8) * s + z per group."""
-    out_features, in_features = codes.shape
-    q = codes.float().reshape(out_features, in_features // group_size, group_size)
-    w = (q - 8) * scales.float()[..., None] + zeros.float()[..., None]
-    return w.reshape(out_features, in_features)
-
-
 def dense_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                dtype: torch.dtype = KERNEL_DTYPE) -> torch.Tensor:
     """dequantize_int4 in ``dtype``, DENSE_CHUNK_ROWS rows at a time (fp32 scratch of one chunk)."""
@@ -90,15 +82,6 @@ def dense_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g
         rows = slice(start, start + DENSE_CHUNK_ROWS)
         out[rows] = dequantize_int4(codes[rows], scales[rows], zeros[rows], group_size)
     return out
-
-
-def int4_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                          zeros: torch.Tensor, group_size: int,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain-torch float32 x @ dequantize(W).T (+ b), returned in x's dtype."""
-    weight = dequantize_int4(codes, scales, zeros, group_size)
-    out = F.linear(x.float(), weight, None if bias is None else bias.float())
-    return out.to(x.dtype)
 
 
 @dataclass
@@ -122,16 +105,6 @@ class Int4Weight:
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.codes, self.scales, self.zeros, self.group_size)
-
-
-def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """codes uint8 [N, K] -> uint8 [N, K / 2], even columns in the low nibble (storage layout)."""
-    return codes[:, 0::2] | (codes[:, 1::2] << 4)
-
-
-def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack_codes: uint8 [N, K / 2] -> uint8 [N, K]."""
-    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
 
 
 class Int4WeightOnlyLinear(nn.Module):

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quantization.reference import dequantize_int8, int8_linear_reference  # noqa: F401
+
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -30,11 +32,6 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scales
-
-
-def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float32 [N, K] = q * s per row."""
-    return q.float() * scales.float()[:, None]
 
 
 @dataclass
@@ -63,13 +60,6 @@ def dense_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
         rows = slice(start, start + chunk_rows)
         out[rows] = dequantize_int8(q[rows], scales[rows])
     return out
-
-
-def int8_linear_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain-torch float32 x @ (q * s).T (+ b), returned in x's dtype."""
-    out = F.linear(x.float(), dequantize_int8(q, scales), None if bias is None else bias.float())
-    return out.to(x.dtype)
 
 
 class Int8WeightOnlyLinear(nn.Module):
