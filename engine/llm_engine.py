@@ -22,7 +22,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
 from engine.admission import check_length, check_request, check_token_ids, encode_prompt
 from engine.errors import InvalidParameterError, RequestNotFoundError
-from engine.host_memory import release_after_load
+from engine.host_memory import release_after_load, release_idle_heap
 from engine.isolation import bisect, probe
 from engine.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
@@ -201,6 +201,8 @@ class LLMEngine:
                 logger.exception("request %s failed after its token was sampled; failing it alone",
                                  req.seq.request_id)
                 outputs.append(self._fail(req))
+        if not self.has_unfinished_requests():  # a burst ended: its freed heap back (~ms)
+            release_idle_heap()
         return outputs
 
     def _process_token(self, req: _Request, token_id: int, logprob: TokenLogprob | None,
