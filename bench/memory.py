@@ -43,14 +43,18 @@ def kind_of(path: str) -> str:
     return "other files"
 
 
-def breakdown(pid: int) -> Counter:
-    """Resident KiB of ``pid`` by kind, plus 'anonymous' and 'total' over all mappings."""
+def breakdown(pid: int, kv_bytes: int = 0) -> Counter:
+    """Resident KiB of ``pid`` by kind, plus 'anonymous' and 'total' over all mappings; with
+    ``kv_bytes``, the anonymous mapping of that size (the CPU KV pool's own) counts apart."""
     sums: Counter = Counter()
     kind = "other files"
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         header = HEADER.match(line)
         if header and not line.split(maxsplit=1)[0].endswith(":"):
             kind = kind_of(header.group(1).strip())
+            start, end = (int(x, 16) for x in line.split(maxsplit=1)[0].split("-"))
+            if kv_bytes and kind.startswith("anonymous") and 0 <= end - start - kv_bytes < 4096:
+                kind = "KV pool (anonymous)"
         elif line.startswith("Rss:"):
             kib = int(line.split()[1])
             sums[kind] += kib
@@ -67,13 +71,13 @@ def show(label: str, sums: Counter) -> None:
             print(f"  {kind:<28}{kib / 1024:8.1f} MiB")
 
 
-def run_load(url: str, key: str, args, pid: int) -> tuple[Counter, str]:
+def run_load(url: str, key: str, args, pid: int, kv_bytes: int) -> tuple[Counter, str]:
     peak: list[Counter] = [Counter()]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            sums = breakdown(pid)
+            sums = breakdown(pid, kv_bytes)
             if sums["total"] > peak[0]["total"]:
                 peak[0] = sums
             time.sleep(0.2)
@@ -114,15 +118,19 @@ def main() -> int:
         pid = services.procs[0].pid
         time.sleep(1.0)
         log = (root / "pagoda.log").read_text(errors="replace")
+        kv_bytes = 0
         for line in log.splitlines():
             if "weights" in line and "KV" in line:
                 print(line.strip()[-400:])
-        show("idle", breakdown(pid))
+            pool = re.search(r"KV cache: (\d+) blocks x (\d+) tokens = \d+ tokens, ([0-9.]+) MiB", line)
+            if pool:  # the pool's mapping: its MiB rounded in the log, so matched within a page
+                kv_bytes = round(float(pool.group(3)) * 2**20 / 4096) * 4096
+        show("idle", breakdown(pid, kv_bytes))
         for repeat in range(1, args.repeats + 1):
-            peak, rate = run_load(url, key, args, pid)
+            peak, rate = run_load(url, key, args, pid, kv_bytes)
             show(f"[{repeat}/{args.repeats}] peak at {args.concurrency} streams ({rate} tok/s)", peak)
             time.sleep(1.0)
-            show(f"[{repeat}/{args.repeats}] after the load", breakdown(pid))
+            show(f"[{repeat}/{args.repeats}] after the load", breakdown(pid, kv_bytes))
     return 0
 
 
