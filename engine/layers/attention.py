@@ -162,6 +162,8 @@ class PagedAttention(nn.Module):
             torch.index_select(k_cache, 0, g.flat_block_ids, out=k_buf)
             torch.index_select(v_cache, 0, g.flat_block_ids, out=v_buf)
         length = g.flat_block_ids.shape[0] // b * block_size
+        if b == 1 and k_buf.dtype == torch.float32:  # gathered blocks are a run: the same bits
+            return self._decode_one_run(q, k_buf, v_buf, 0, g.context_len)
         if b == 1 and self._long_run(k_buf.dtype, g.context_len, kvh):  # gathered: one run now
             v_run = v_buf.view(-1, kvh, d)[:g.context_len].transpose(0, 1)  # [KVH, L, D]
             return self._decode_long_run(q.view(kvh, self.group, d), k_buf, v_run, g.context_len)
@@ -180,7 +182,9 @@ class PagedAttention(nn.Module):
 
         Reads K/V through a view of the pool: no gather into the workspace, no mask. In float32
         two matmuls over the strided views measured 1.3x (40 tokens) to 2.4x (1,000 tokens)
-        faster than gathering then scaled_dot_product_attention. In bfloat16 the same matmuls
+        faster than gathering then scaled_dot_product_attention; a lone float32 sequence whose
+        blocks are not a run gathers them and takes this same path over the gathered blocks
+        (first_block 0), so both give the same bits. In bfloat16 the same matmuls
         took 15x longer than the gather (a slow strided bf16 bmm), so a short bf16 context is
         gathered: the flash kernel over the views was 1.2x faster at 130 tokens, but not
         bit-identical to the masked gathered path, and a greedy answer must not change with
