@@ -36,6 +36,42 @@ def hf_smollm2(smollm2_path):
     return model.eval()
 
 
+# Chat prompts the fidelity tests generate from (greedy, CHAT_FIDELITY_TOKENS each).
+CHAT_FIDELITY_PROMPTS = [
+    "Name three rivers in Europe and the countries they flow through.",
+    "Write a short poem about a lighthouse keeper.",
+    "How do I reverse a list in Python? Show two ways.",
+    "Why do leaves change colour in autumn?",
+]
+CHAT_FIDELITY_TOKENS = 48
+
+
+@pytest.fixture(scope="session")
+def chat_fidelity(hf_smollm2):
+    """fidelity(llm) -> Fidelity: the engine generates greedily from CHAT_FIDELITY_PROMPTS, then
+    transformers fp32 on the same GGUF reads the same tokens (teacher-forced top-1 / top-5)."""
+    from engine import SamplingParams
+    from engine.quantization.fidelity import Fidelity, teacher_forced_fidelity
+    from engine.tokenizer import apply_chat_template
+
+    def reference(ids):
+        with torch.no_grad():
+            return hf_smollm2(torch.tensor([ids])).logits[0]
+
+    def fidelity(llm):
+        prompts = [apply_chat_template(llm.tokenizer, [{"role": "user", "content": p}])
+                   for p in CHAT_FIDELITY_PROMPTS]
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=CHAT_FIDELITY_TOKENS,
+                                                       ignore_eos=True))
+        total = Fidelity(0, 0, 0)
+        for prompt, out in zip(prompts, outputs):
+            total = total + teacher_forced_fidelity(reference, prompt, out.token_ids)
+        assert total.num_tokens == len(CHAT_FIDELITY_PROMPTS) * CHAT_FIDELITY_TOKENS
+        return total
+
+    return fidelity
+
+
 def _save_tiny(directory, model_class, config, tokenizer):
     torch.manual_seed(0)
     model = model_class(config)

@@ -12,38 +12,18 @@ bound carries the comparison."""
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.quantization.fidelity import Fidelity, teacher_forced_fidelity
-from engine.tokenizer import apply_chat_template
-
-PROMPTS = [
-    "Name three rivers in Europe and the countries they flow through.",
-    "Write a short poem about a lighthouse keeper.",
-    "How do I reverse a list in Python? Show two ways.",
-    "Why do leaves change colour in autumn?",
-]
-NUM_TOKENS = 48
+from engine import LLM
 
 
 @pytest.mark.slow
-def test_int8_kv_cache_agrees_with_transformers_fp32_like_the_default_cache(smollm2_path, hf_smollm2):
-    def reference(ids):
-        with torch.no_grad():
-            return hf_smollm2(torch.tensor([ids])).logits[0]
-
+def test_int8_kv_cache_agrees_with_transformers_fp32_like_the_default_cache(smollm2_path, chat_fidelity):
     scores = {}
     for kv in ("auto", "int8"):
         llm = LLM(str(smollm2_path), max_model_len=1024, max_num_seqs=8, kv_cache_dtype=kv)
         assert llm.engine.runner.kv_pool.dtype == (torch.int8 if kv == "int8" else llm.engine.runner.dtype)
-        prompts = [apply_chat_template(llm.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
-        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True))
-        total = Fidelity(0, 0, 0)
-        for prompt, out in zip(prompts, outputs):
-            total = total + teacher_forced_fidelity(reference, prompt, out.token_ids)
-        scores[kv] = total
+        scores[kv] = total = chat_fidelity(llm)
         print(f"kv_cache_dtype {kv}: fidelity over {total.num_tokens} tokens: top-1 {total.top1:.1%}, "
               f"top-5 {total.top5:.1%}")
     int8 = scores["int8"]
-    assert int8.num_tokens == len(PROMPTS) * NUM_TOKENS
     assert int8.top1 >= 0.93 and int8.top5 >= 0.995
     assert int8.top1 >= scores["auto"].top1 - 0.03
