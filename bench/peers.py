@@ -11,7 +11,7 @@ the server's resident memory) and the Pagoda/llama.cpp ratios, with the load ave
 CPU's model and flags. The machine is shared and noisy: only ratios from one run mean anything.
 
     .venv/bin/python bench/peers.py [--repeats 2] [--max-tokens 128] [--requests-1 4]
-        [--requests-32 32]
+        [--requests-32 32] [--streams 1,32]
 """
 
 from __future__ import annotations
@@ -131,7 +131,15 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-1", type=int, default=4, help="requests of the single stream")
     ap.add_argument("--requests-32", type=int, default=32, help="requests of the 32 streams")
+    ap.add_argument("--streams", default="1,32",
+                    help="which of the two workloads to run, comma-separated: 1, 32 or both")
     args = ap.parse_args()
+    try:
+        streams = sorted({int(n) for n in args.streams.split(",")})
+    except ValueError:
+        streams = []
+    if not streams or not set(streams) <= {1, 32}:
+        ap.error(f"--streams must list 1 and/or 32, not {args.streams!r}")
     if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
         ap.error("every count must be positive")
 
@@ -161,7 +169,8 @@ def main() -> int:
         idle = {name: rss_mib(pid) for name, (_, _, pid) in servers.items()}
         results: dict[tuple[str, int], list[dict]] = {}
         for repeat in range(1, args.repeats + 1):
-            for concurrency, requests in ((1, args.requests_1), (32, args.requests_32)):
+            for concurrency in streams:
+                requests = args.requests_1 if concurrency == 1 else args.requests_32
                 for name, (url, server_key, pid) in servers.items():
                     load = os.getloadavg()[0]
                     figures = run_client(url, server_key, concurrency, requests, args.max_tokens)
@@ -175,7 +184,7 @@ def main() -> int:
           + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items()))
     names = [name for name, _ in FIGURES] + ["RSS MiB"]
     print(f"{'':<14}" + "".join(f"{n:>20}" for n in names))
-    for concurrency in (1, 32):
+    for concurrency in streams:
         med = {server: {n: _median([r[n] for r in results[(server, concurrency)]]) for n in names}
                for server in servers}
         for server in servers:
