@@ -7,8 +7,9 @@ table, safetensors headers and config.json) and returns an ``Estimate`` per tens
   projections, norms and the embedding in the activation dtype; int4 projections 0.5 byte a
   weight plus a bf16 scale and zero per group (0.625 for groups of 32); int8 1 byte plus a
   scale per row; the dense bf16 copies of ``quantization_dense_rows``; the LM head's extra copy
-  on the CPU (int8 when anything is quantized in bf16, with the native kernels an int8 table that
-  a tied embedding shares, its float table freed; else oneDNN's fp32); the RoPE table;
+  on the CPU (when anything is quantized: with the native kernels an int8 table that a tied
+  embedding shares, its float table freed, in bf16 or fp32; else in bf16 torch's int8 copy;
+  else in fp32 oneDNN's copy); the RoPE table;
 - KV cache: 2 x layers x KV heads / TP x (head dim x bytes per element, or for an int8 / fp8
   kv_cache_dtype head dim + a 4-byte scale) x tokens, where tokens is
   num_kv_blocks x block_size, or what kv_cache_memory holds, or the CPU default (max_num_seqs x
@@ -151,7 +152,8 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     if device == "cpu":  # LMHead.prepare's extra product, over the (tied) embedding's rows
         vocab_rows = arch.vocab_size // tp
         int8_head = quantization not in (None, "none") and (any_quantized or quantization != "auto")
-        if int8_head and dtype == "bfloat16" and tp == 1 and native_kernels.likely_available() \
+        if int8_head and dtype in ("bfloat16", "float32") and tp == 1 \
+                and native_kernels.likely_available() \
                 and arch.hidden_size % 32 == 0 and vocab_rows % 16 == 0:
             # the native kernel's int8 table, fp16 scale per 32 (engine/kernels/cpu/qmatmul.py);
             # a tied embedding reads it and its float table is freed (engine/layers/int8_embedding.py)

@@ -211,13 +211,15 @@ def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
 class LMHead(nn.Module):
     """Vocabulary projection hidden [S, H] -> float32 logits [S, V], tied to the embedding or not.
 
-    ``prepare`` picks the product after loading. When the model computes in bf16 with quantized
-    weights: on a CPU where the engine's own kernels build (engine/kernels/cpu/qmatmul.py), an
-    int8 copy with one scale per 32 columns (Q8_0's rounding, 1.06 bytes a weight) for every step,
-    with float32 logits straight from the kernel's accumulator; else torch's int8 per-channel
-    kernel for steps of at most LM_HEAD_INT8_MAX_ROWS rows (1 byte a weight more; its logits are
-    rounded to bf16). In fp32 on a CPU: a oneDNN-blocked copy (1.5x faster there than the default
-    BLAS for this wide, short product; 4 bytes a weight more). Else the weight itself.
+    ``prepare`` picks the product after loading. With quantized weights, on a CPU where the
+    engine's own kernels build (engine/kernels/cpu/qmatmul.py): an int8 copy with one scale per 32
+    columns (Q8_0's rounding, 1.06 bytes a weight) for every step, bf16 or fp32 activations, with
+    float32 logits straight from the kernel's accumulator (SmolLM2 in fp32 on AVX2: the oneDNN
+    product below took 10.5 of a 17 ms decode step, bench/decode_profile.py); else, in bf16,
+    torch's int8 per-channel kernel for steps of at most LM_HEAD_INT8_MAX_ROWS rows (1 byte a
+    weight more; its logits are rounded to bf16). Float weights in fp32 on a CPU: a oneDNN-blocked
+    copy (1.5x faster there than the default BLAS for this wide, short product; 4 bytes a weight
+    more). Else the weight itself.
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, tied: nn.Parameter | None = None):
@@ -239,7 +241,7 @@ class LMHead(nn.Module):
         self.packed_fp32 = self.small_rows = self.q8_weight = self.q8_scales = None
         if weight.device.type != "cpu":
             return
-        if int8_small_rows and weight.dtype == torch.bfloat16 and qmatmul.supports(*weight.shape):
+        if int8_small_rows and weight.dtype in qmatmul.DTYPES and qmatmul.supports(*weight.shape):
             self.q8_weight, self.q8_scales = qmatmul.pack_int8(*qmatmul.quantize_int8_blocks(weight))
         elif int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)

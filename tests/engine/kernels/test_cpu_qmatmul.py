@@ -156,12 +156,13 @@ def test_int8_kernel_computes_exactly_the_int8_activation_product(rows):
                                rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-def test_lm_head_gives_float32_logits_that_do_not_depend_on_the_batch():
-    weight = torch.nn.Parameter((torch.randn(512, 64) * 0.1).bfloat16(), requires_grad=False)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lm_head_gives_float32_logits_that_do_not_depend_on_the_batch(dtype):
+    weight = torch.nn.Parameter((torch.randn(512, 64) * 0.1).to(dtype), requires_grad=False)
     head = LMHead(64, 512, tied=weight)
     head.prepare(int8_small_rows=True)
-    assert head.q8_weight is not None and head.small_rows is None
-    hidden = torch.randn(40, 64).bfloat16()
+    assert head.q8_weight is not None and head.small_rows is None and head.packed_fp32 is None
+    hidden = torch.randn(40, 64).to(dtype)
     logits = head(hidden)
     assert logits.dtype == torch.float32 and logits.shape == (40, 512)
     assert torch.equal(logits[3:4], head(hidden[3:4]))  # one row alone, the same bits
@@ -183,8 +184,6 @@ def test_a_tied_embedding_reads_the_lm_heads_int8_table_and_the_float_table_is_f
 
     llm = LLM("smollm2")
     runner = llm.engine.runner
-    if runner.dtype != torch.bfloat16:
-        pytest.skip("the int8 vocabulary table is the bf16 fast path's (this CPU runs fp32)")
     embed, head = runner.model.model.embed_tokens, runner.model.lm_head
     assert isinstance(embed, Int8Embedding) and head.weight is None
     assert embed.codes is head.q8_weight  # one table, not two
