@@ -54,7 +54,7 @@ class AttentionMetadata:
     # CPU path
     prefills: list[PrefillSeq] = field(default_factory=list)
     decode_groups: list[DecodeGroup] = field(default_factory=list)
-    # Triton path
+    # Triton path (decode tables and lengths also for the CPU's fused decode step)
     prefill_block_tables: torch.Tensor | None = None  # [Np, max_blocks] int32
     prefill_cu_query_lens: torch.Tensor | None = None  # [Np + 1] int32
     prefill_context_lens: torch.Tensor | None = None  # [Np] int32
@@ -62,3 +62,10 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [Nd, max_blocks] int32
     decode_context_lens: torch.Tensor | None = None  # [Nd] int32
     workspace: object = None  # layers.attention.Workspace shared by every layer (CPU path)
+
+    def prefill_part(self) -> AttentionMetadata:
+        """This step's prefill rows alone (CPU path), for a step whose decode rows run elsewhere
+        (engine/models/fused_decode.py): the same prefills, no decodes."""
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:self.num_prefill_tokens],
+                                 num_prefill_tokens=self.num_prefill_tokens, num_decode_tokens=0,
+                                 prefills=self.prefills, workspace=self.workspace)

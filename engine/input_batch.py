@@ -23,7 +23,9 @@ class InputBatch:
 
 
 def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
-                      use_triton: bool) -> InputBatch:
+                      use_triton: bool, fused_decode: bool = False) -> InputBatch:
+    """fused_decode (CPU): the decode rows run in engine/models/fused_decode.py, which reads their
+    block tables and context lengths (as the Triton path does) instead of decode groups."""
     prefills = [e for e in entries if e.num_new_tokens > 1]
     decodes = sorted((e for e in entries if e.num_new_tokens == 1),
                      key=lambda e: e.start)  # by context length
@@ -58,7 +60,10 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
     if use_triton:
         _fill_triton_metadata(meta, prefills, decodes, block_size, device)
     else:
-        _fill_torch_metadata(meta, prefills, decodes, block_size, device)
+        _fill_torch_metadata(meta, prefills, [] if fused_decode else decodes, block_size, device)
+        if fused_decode and decodes:
+            meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
+            meta.decode_block_tables = _padded_tables(decodes, device)
     return InputBatch(
         input_ids=flat[:t],
         positions=flat[t:2 * t],

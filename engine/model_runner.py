@@ -21,6 +21,7 @@ from engine.layers import kv_quant
 from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.layers.sampler import Sampler
+from engine.models.fused_decode import FusedDecode
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
 from engine.models.model_config import ModelConfig
@@ -136,6 +137,10 @@ class ModelRunner:
         if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
             self.num_blocks = self.tp_group.all_reduce_min(self.num_blocks)
         self.kv_pool, self.kv_scale_pool, self.kv_caches = self._allocate_kv_pool()
+        # CPU: a step's decode rows through every layer in one native call where it applies
+        self.fused_decode = FusedDecode.build(
+            self.model, self.kv_caches, self.block_size, use_triton=self.use_triton,
+            tensor_parallel=self.tp > 1, dense_rows=dense_rows) if self.device.type == "cpu" else None
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
@@ -259,7 +264,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
-        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton)
+        fused = self.fused_decode is not None and self.fused_decode.takes(
+            sum(e.num_new_tokens == 1 for e in entries))
+        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton, fused)
         batch.meta.workspace = self.workspace
         # Built before the forward is queued, so its host-to-device copies never wait on it.
         meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
@@ -268,6 +275,8 @@ class ModelRunner:
         try:
             if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
                 hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
+            elif fused:
+                hidden = self._forward_fused(batch)
             else:
                 hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
             if not batch.sampling:
@@ -280,6 +289,16 @@ class ModelRunner:
         out = self.sampler(logits, meta)
         token_ids, logprobs = self._to_host(batch.sampling, out)
         return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
+
+    def _forward_fused(self, batch) -> torch.Tensor:
+        """Prefill rows through the model, decode rows (the flat batch's last) fused."""
+        n, meta = batch.meta.num_prefill_tokens, batch.meta
+        ids, positions = batch.input_ids, batch.positions
+        decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta)
+        if n == 0:
+            return decoded
+        head = self.model(ids[:n], positions[:n], self.kv_caches, meta.prefill_part())
+        return torch.cat([head, decoded])
 
     @torch.inference_mode()
     def run_shard(self, entries: list[ScheduledSequence]) -> None:

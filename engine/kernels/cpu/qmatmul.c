@@ -213,14 +213,15 @@ int pagoda_q4_rows_per_group(void) { return G; }
 
 int64_t pagoda_q4_scratch_bytes(int64_t M, int64_t K) { return M * row_bytes(K); }
 
-static inline __attribute__((always_inline)) void run(
+/* The product run by every thread of an enclosing parallel region (one call each): the rows are
+   quantized (with the barrier ending that loop), then each thread takes its share of the weight
+   groups. No barrier at the end: a caller that reads y inside the region puts one. */
+static inline __attribute__((always_inline)) void matmul_team(
         int bits, const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
         const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t N,
-        const float *bias, void *y, int64_t ldy, int y_bf16, uint8_t *scratch, int num_threads) {
+        const float *bias, void *y, int64_t ldy, int y_bf16, uint8_t *scratch) {
     const int64_t nb = K / 32, rb = row_bytes(K), groups = N / G;
     const int esize = x_bf16 ? 2 : 4;
-    if (num_threads < 1) num_threads = 1;
-#pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++)
@@ -258,6 +259,15 @@ static inline __attribute__((always_inline)) void run(
             }
         }
     }
+}
+
+static inline __attribute__((always_inline)) void run(
+        int bits, const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
+        const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t N,
+        const float *bias, void *y, int64_t ldy, int y_bf16, uint8_t *scratch, int num_threads) {
+    if (num_threads < 1) num_threads = 1;
+#pragma omp parallel num_threads(num_threads)
+    matmul_team(bits, x, M, K, ldx, x_bf16, w, d, mn, N, bias, y, ldy, y_bf16, scratch);
 }
 
 /* y[M, N] = x[M, K] W^T (+ bias[N]) for int4 weights (nibbles, d, m) or int8 ones (q + 128, d);

@@ -1,0 +1,280 @@
+/* One decode step of a Llama-family model on the CPU, every layer in one call: B sequences, one
+   new token each, over the paged K/V pool, with the projections in qmatmul.c's int4/int8 layouts.
+
+   Per layer: h = rmsnorm(res) * w_in; qkv = h Wqkv (+ b); rotary on the Q and K heads; K and V
+   written to the pool at the token's slot; attention of each query head over its sequence's
+   cached tokens (read through the block table); res += o Wo; h = rmsnorm(res) * w_post;
+   res += (silu(g) * u) Wdown with [g | u] = h Wgu. Then rmsnorm(res) * w_final is the output.
+
+   The residual stream, norms, rotary, softmax and activations are float32 (the torch path rounds
+   several of them to bf16); K/V are stored in the pool's dtype and read back from it, as the
+   torch path reads them, so a token's K/V are the same bits whichever path wrote them only when
+   both computed them alike (they do not: a decode and a prefill are different arithmetic, in
+   either implementation).
+
+   Every output element's operations depend only on its own row: norms and activations per row,
+   attention per (row, query head) in one thread, the products through qmatmul.c's row-invariant
+   tiles. So a sequence's tokens do not depend on the batch, the thread count or where its blocks
+   lie in the pool. All threads run the whole step in one parallel region, with a barrier
+   between phases (an OpenMP fork per product cost more than the work of a small layer). */
+
+#include "qmatmul.c"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <math.h>
+
+typedef struct {
+    int64_t bits; /* 4 or 8 */
+    const uint8_t *w;
+    const uint16_t *d, *m; /* m: NULL for int8 */
+    const float *bias;     /* NULL or float32 [n] */
+    int64_t n;
+} pg_proj;
+
+typedef struct {
+    const float *in_norm, *post_norm; /* float32 [hidden] */
+    pg_proj qkv, o, gate_up, down;
+    void *k_cache, *v_cache; /* [slots, KVH, D] in the pool dtype */
+} pg_layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, inter, block_size, table_width;
+    float eps, scale;
+    int64_t kv_bf16, num_threads;
+} pg_shape;
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* exp(x) to about 2 ulp (Cephes' expf polynomial), written so the compiler vectorises a loop of it. */
+static inline float pg_exp(float x) {
+    x = fminf(fmaxf(x, -87.3f), 88.3f);
+    const float n = rintf(x * 1.44269504088896341f);
+    float f = fmaf(n, -0.693359375f, x);
+    f = fmaf(n, 2.12194440e-4f, f);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, f, 1.3981999507e-3f);
+    p = fmaf(p, f, 8.3334519073e-3f);
+    p = fmaf(p, f, 4.1665795894e-2f);
+    p = fmaf(p, f, 1.6666665459e-1f);
+    p = fmaf(p, f, 5.0000001201e-1f);
+    const float e = fmaf(p * f, f, f) + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return e * scale;
+}
+
+static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+/* r += o (when o is not NULL: the residual add of the sublayer before), then out = rmsnorm(r) * w. */
+static void add_norm(float *r, const float *o, const float *w, int64_t n, float eps, float *out) {
+    if (o != NULL) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) r[i] += o[i];
+    }
+    rms_norm(r, w, n, eps, out);
+}
+
+/* x [D] rotated in place by the table row [2, D]: full-width cos, then sin with rotate_half's
+   sign folded in (engine/layers/rotary.py's layout). */
+static void rotate(float *x, const float *cs, int64_t D) {
+    float tmp[512];
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < D; i++) tmp[i] = x[i];
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) x[i] = tmp[i] * cs[i] + tmp[i + half] * cs[D + i];
+#pragma omp simd
+    for (int64_t i = half; i < D; i++) x[i] = tmp[i] * cs[i] + tmp[i - half] * cs[D + i];
+}
+
+static inline float dot_kv(const float *q, const void *k, int64_t D, int bf16) {
+    float s = 0.0f;
+    if (bf16) {
+        const uint16_t *kb = (const uint16_t *)k;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < D; i++) s += q[i] * bf16_to_f32(kb[i]);
+    } else {
+        const float *kf = (const float *)k;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < D; i++) s += q[i] * kf[i];
+    }
+    return s;
+}
+
+static inline void axpy_kv(float *acc, float p, const void *v, int64_t D, int bf16) {
+    if (bf16) {
+        const uint16_t *vb = (const uint16_t *)v;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) acc[i] += p * bf16_to_f32(vb[i]);
+    } else {
+        const float *vf = (const float *)v;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) acc[i] += p * vf[i];
+    }
+}
+
+/* One query head q [D] (already scaled) over its sequence's ctx cached tokens of one KV head:
+   softmax(q K^T) V into out [D], a block of the table at a time (online softmax). */
+static void attend(const float *q, const pg_layer *L, const pg_shape *s, const int32_t *table,
+                   int64_t ctx, int64_t kvh, float *out) {
+    const int64_t D = s->head_dim, bs = s->block_size, row = s->kv_heads * D;
+    const int64_t esize = s->kv_bf16 ? 2 : 4;
+    float acc[512], scores[256];
+    for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
+    float mx = -INFINITY, total = 0.0f;
+    for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
+        const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
+        const int64_t base = (int64_t)table[t0 / bs] * bs;
+        const char *kb = (const char *)L->k_cache + (base * row + kvh * D) * esize;
+        const char *vb = (const char *)L->v_cache + (base * row + kvh * D) * esize;
+        float bmax = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            scores[j] = dot_kv(q, kb + j * row * esize, D, (int)s->kv_bf16);
+            bmax = scores[j] > bmax ? scores[j] : bmax;
+        }
+        if (bmax > mx) { /* rescale what came before to the new maximum */
+            const float r = pg_exp(mx - bmax);
+            total *= r;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) acc[i] *= r;
+            mx = bmax;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) scores[j] = pg_exp(scores[j] - mx);
+        for (int64_t j = 0; j < n; j++) {
+            total += scores[j];
+            axpy_kv(acc, scores[j], vb + j * row * esize, D, (int)s->kv_bf16);
+        }
+    }
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < D; i++) out[i] = acc[i] * inv;
+}
+
+static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
+                           uint8_t *scratch) {
+    matmul_team((int)p->bits, x, B, K, K, 0, p->w, p->d, p->m, p->n, p->bias, y, p->n, 0, scratch);
+}
+
+/* Largest head_dim and block_size attend() takes (its stack buffers). */
+int64_t pagoda_decode_max_head_dim(void) { return 512; }
+int64_t pagoda_decode_max_block_size(void) { return 256; }
+
+/* Float32 work area the step needs for B rows, in floats. */
+int64_t pagoda_decode_work_floats(const pg_shape *s, int64_t B) {
+    const int64_t qkv = (s->heads + 2 * s->kv_heads) * s->head_dim;
+    return B * (3 * s->hidden + qkv + s->heads * s->head_dim + 3 * s->inter);
+}
+
+/* The activation scratch the products need for B rows, in bytes. */
+int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B) {
+    int64_t k = s->hidden;
+    if (s->heads * s->head_dim > k) k = s->heads * s->head_dim;
+    if (s->inter > k) k = s->inter;
+    return B * row_bytes(k);
+}
+
+/* x [B, hidden] (bf16 or fp32, the embeddings) -> out [B, hidden] (bf16 or fp32) after the final
+   norm; positions, slots [B]; tables [B, table_width] block ids; ctx [B] tokens cached after
+   this step's write; cos_sin [max_position, 2, D]. */
+void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float *final_norm,
+                        const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
+                        const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                        const int32_t *ctx, const float *cos_sin, void *out, int64_t out_bf16,
+                        float *work, uint8_t *scratch) {
+    const int64_t hid = s->hidden, H = s->heads, KVH = s->kv_heads, D = s->head_dim, I = s->inter;
+    const int64_t qkv_n = (H + 2 * KVH) * D, group = H / KVH, esize = s->kv_bf16 ? 2 : 4;
+    float *res = work, *h = res + B * hid, *tmp = h + B * hid, *qkv = tmp + B * hid;
+    float *att = qkv + B * qkv_n, *gu = att + B * H * D, *act = gu + B * 2 * I;
+    for (int64_t i = 0; i < B * hid; i++)
+        res[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+#pragma omp parallel num_threads(s->num_threads > 0 ? (int)s->num_threads : 1)
+    {
+        for (int64_t l = 0; l < num_layers; l++) {
+            const pg_layer *L = &layers[l];
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) /* the previous layer's MLP output joins the residual here */
+                add_norm(res + b * hid, l > 0 ? tmp + b * hid : NULL, L->in_norm, hid, s->eps, h + b * hid);
+            product(&L->qkv, h, B, hid, qkv, scratch);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) { /* rotary, then this token's K/V into the pool */
+                float *row = qkv + b * qkv_n;
+                const float *cs = cos_sin + positions[b] * 2 * D;
+                for (int64_t hh = 0; hh < H + KVH; hh++) rotate(row + hh * D, cs, D);
+                char *kd = (char *)L->k_cache + slots[b] * KVH * D * esize;
+                char *vd = (char *)L->v_cache + slots[b] * KVH * D * esize;
+                const float *k = row + H * D, *v = k + KVH * D;
+                for (int64_t i = 0; i < KVH * D; i++) {
+                    if (s->kv_bf16) {
+                        ((uint16_t *)kd)[i] = f32_to_bf16(k[i]);
+                        ((uint16_t *)vd)[i] = f32_to_bf16(v[i]);
+                    } else {
+                        ((float *)kd)[i] = k[i];
+                        ((float *)vd)[i] = v[i];
+                    }
+                }
+            }
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * H; item++) {
+                const int64_t b = item / H, hq = item % H;
+                float q[512];
+                const float *src = qkv + b * qkv_n + hq * D;
+                for (int64_t i = 0; i < D; i++) q[i] = src[i] * s->scale;
+                attend(q, L, s, tables + b * s->table_width, ctx[b], hq / group, att + b * H * D + hq * D);
+            }
+            product(&L->o, att, B, H * D, tmp, scratch);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++)
+                add_norm(res + b * hid, tmp + b * hid, L->post_norm, hid, s->eps, h + b * hid);
+            product(&L->gate_up, h, B, hid, gu, scratch);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) {
+                const float *g = gu + b * 2 * I, *u = g + I;
+                float *a = act + b * I;
+#pragma omp simd
+                for (int64_t i = 0; i < I; i++) a[i] = g[i] / (1.0f + pg_exp(-g[i])) * u[i];
+            }
+            product(&L->down, act, B, I, tmp, scratch);
+#pragma omp barrier
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++) {
+            float *y = h + b * hid;
+            add_norm(res + b * hid, num_layers > 0 ? tmp + b * hid : NULL, final_norm, hid, s->eps, y);
+            for (int64_t i = 0; i < hid; i++) {
+                if (out_bf16) ((uint16_t *)out)[b * hid + i] = f32_to_bf16(y[i]);
+                else ((float *)out)[b * hid + i] = y[i];
+            }
+        }
+    }
+    (void)group;
+}
+
+#else
+int64_t pagoda_decode_max_head_dim(void) { return 0; }
+int64_t pagoda_decode_max_block_size(void) { return 0; }
+int64_t pagoda_decode_work_floats(void) { return 0; }
+int64_t pagoda_decode_scratch_bytes(void) { return 0; }
+void pagoda_decode_step(void) {}
+#endif

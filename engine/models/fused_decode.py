@@ -1,0 +1,158 @@
+"""A Llama-family decode step in one native call (engine/kernels/cpu/decode_step.c), on the CPU.
+
+At one sequence the int4 products of SmolLM2's 30 layers take ~2 ms of a ~5.8 ms torch step; the
+rest was ~4,500 small aten ops (norms, rotary, views, cache writes, attention's gathers) and the
+Python around them. ``FusedDecode`` describes the model to the C step once, pointers into its own
+weights, norms and KV pool, and then runs every decode row of a step, all layers, in one call
+with one OpenMP region. Prefill rows keep the torch path (their products are GEMMs; the C step
+is for single tokens).
+
+It applies where every projection runs the engine's own int4 kernel (``Int4WeightOnlyLinear``
+with ``native``: a GGUF's Q4 blocks or ``quantization="int4"`` on an AVX2 CPU), the cache is a plain
+bf16 or float32 pool (not 8-bit), there is no tensor parallelism and no Triton; else ``build``
+returns None and the torch path runs, unchanged. ``PAGODA_FUSED_DECODE=0`` turns it off.
+
+A decode row's arithmetic does not depend on its neighbours, the thread count or where its
+blocks lie (decode_step.c's header), so a sequence's tokens are the same alone or batched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.kernels.cpu import decode_step
+from engine.quantization.int4 import Int4WeightOnlyLinear
+
+logger = logging.getLogger(__name__)
+
+ENV = "PAGODA_FUSED_DECODE"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class FusedDecode:
+    """Runs the decode rows of a step through decode_step.c; see the module docstring."""
+
+    def __init__(self, lib: ctypes.CDLL, model: torch.nn.Module, kv_caches: list, block_size: int,
+                 dense_rows: int | None):
+        inner, cfg = model.model, model.config
+        self.lib, self.model, self.dtype = lib, model, inner.norm.weight.dtype
+        self.dense_rows = dense_rows
+        self._keep: list[torch.Tensor] = []  # float32 norms and biases the structs point into
+        layers = (decode_step.Layer * len(inner.layers))()
+        for layer, kv, out in zip(inner.layers, kv_caches, layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            out.in_norm = self._fp32(layer.input_layernorm.weight)
+            out.post_norm = self._fp32(layer.post_attention_layernorm.weight)
+            out.qkv, out.o = self._proj(attn.qkv_proj), self._proj(attn.o_proj)
+            out.gate_up, out.down = self._proj(mlp.gate_up_proj), self._proj(mlp.down_proj)
+            out.k_cache, out.v_cache = kv[0].data_ptr(), kv[1].data_ptr()
+        self.layers, self.kv_caches = layers, kv_caches  # the pool stays alive with the structs
+        self.final_norm = self._fp32(inner.norm.weight)
+        k_cache = kv_caches[0][0]
+        self.shape = decode_step.Shape(
+            hidden=cfg.hidden_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim, inter=cfg.intermediate_size, block_size=block_size, table_width=0,
+            eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+            kv_bf16=int(k_cache.dtype == torch.bfloat16), num_threads=0)
+        self.cos_sin = inner.rotary_emb.cos_sin_cache  # float32 [max_position, 2, D]
+        self.embed = inner.embed_tokens
+        self._work = torch.empty(0, dtype=torch.float32)
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, kv_caches: list, block_size: int, *, use_triton: bool,
+              tensor_parallel: bool, dense_rows: int | None) -> FusedDecode | None:
+        """The fused step for this model and pool, or None where it does not apply (logged why)."""
+        reason = cls._unsupported(model, kv_caches, block_size, use_triton, tensor_parallel)
+        if reason is None:
+            lib = decode_step.library()
+            reason = "the native kernels did not build" if lib is None else None
+        if reason is not None:
+            logger.info("fused CPU decode step off: %s", reason)
+            return None
+        fused = cls(lib, model, kv_caches, block_size, dense_rows)
+        logger.info("fused CPU decode step on: every layer of a step's decode rows in one native call "
+                    "(%s=0 turns it off)", ENV)
+        return fused
+
+    @staticmethod
+    def _unsupported(model, kv_caches, block_size, use_triton, tensor_parallel) -> str | None:
+        if not enabled():
+            return f"{ENV}=0"
+        if use_triton or tensor_parallel:
+            return "Triton or tensor parallel"
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "layers") or not kv_caches:
+            return "not a Llama-family model"
+        k_cache = kv_caches[0][0]
+        if k_cache.device.type != "cpu" or any(len(kv) != 2 for kv in kv_caches):
+            return "not a CPU pool of plain K/V (8-bit caches take the torch path)"
+        if k_cache.dtype not in (torch.bfloat16, torch.float32) or inner.norm.weight.dtype not in (
+                torch.bfloat16, torch.float32):
+            return f"{k_cache.dtype} cache or activations (bf16 and float32 are fused)"
+        cfg = model.config
+        if cfg.head_dim > decode_step.MAX_HEAD_DIM or block_size > decode_step.MAX_BLOCK_SIZE:
+            return f"head_dim {cfg.head_dim} or block_size {block_size} beyond the step's buffers"
+        if cfg.head_dim % 2 or cfg.num_attention_heads % cfg.num_key_value_heads:
+            return "odd head_dim or query heads not a multiple of KV heads"
+        for layer in inner.layers:
+            for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                         layer.mlp.down_proj):
+                if not (isinstance(proj, Int4WeightOnlyLinear) and proj._native_args is not None):
+                    return "a projection is not on the engine's int4 kernel"
+        return None
+
+    def _fp32(self, t: torch.Tensor) -> int:
+        t = t.detach().float().contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _proj(self, layer: Int4WeightOnlyLinear) -> decode_step.Proj:
+        packed, d, m = layer._native_args
+        bias = 0 if layer.bias is None else self._fp32(layer.bias)
+        return decode_step.Proj(bits=4, w=packed.data_ptr(), d=d.data_ptr(), m=m.data_ptr(),
+                                bias=bias or None, n=layer.out_features)
+
+    def takes(self, num_decode_rows: int) -> bool:
+        """Whether a step with this many decode rows runs them here (not when a dense bf16 copy
+        is asked to take that many rows)."""
+        return num_decode_rows > 0 and not (self.dense_rows and num_decode_rows >= self.dense_rows)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor:
+        """The decode rows' ids, positions and cache slots [B] (long), their block tables and
+        context lengths in ``meta`` -> final-norm hidden states [B, hidden] in the model's dtype.
+        Writes each row's K/V into the pool, as the torch path does."""
+        b = input_ids.shape[0]
+        if int(positions.max()) >= self.cos_sin.shape[0]:  # C reads the table unchecked
+            raise ValueError(f"position beyond the model's {self.cos_sin.shape[0]} rotary positions")
+        x = self.embed(input_ids).contiguous()
+        tables, ctx = meta.decode_block_tables, meta.decode_context_lens
+        shape = self.shape
+        shape.table_width = tables.shape[1]
+        shape.num_threads = torch.get_num_threads()
+        lib = self.lib
+        work = self._grow("_work", lib.pagoda_decode_work_floats(ctypes.byref(shape), b))
+        scratch = self._grow("_scratch", lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b))
+        out = torch.empty(b, shape.hidden, dtype=self.dtype)
+        lib.pagoda_decode_step(
+            ctypes.addressof(self.layers), len(self.layers), self.final_norm, ctypes.byref(shape), b,
+            x.data_ptr(), int(x.dtype is torch.bfloat16), positions.data_ptr(), slots.data_ptr(),
+            tables.data_ptr(), ctx.data_ptr(), self.cos_sin.data_ptr(), out.data_ptr(),
+            int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
+        return out
+
+    def _grow(self, name: str, numel: int) -> torch.Tensor:
+        buf = getattr(self, name)
+        if buf.numel() < numel:
+            buf = torch.empty(max(numel, 2 * buf.numel()), dtype=buf.dtype)
+            setattr(self, name, buf)
+        return buf

@@ -1,0 +1,158 @@
+"""The CPU's fused decode step (engine/models/fused_decode.py, engine/kernels/cpu/decode_step.c)
+against the torch path it replaces, on tiny random int4 checkpoints: the same hidden states
+within the rounding the two paths do differently, and bit for bit the same whatever shares the
+batch, however many threads run it and wherever a sequence's blocks lie in the pool."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.input_batch import build_input_batch
+from engine.kernels.cpu import decode_step
+
+pytestmark = pytest.mark.skipif(decode_step.library() is None,
+                                reason="no C compiler or no AVX2/FMA/F16C here")
+
+BLOCK = 16
+
+
+def _runner(path, dtype="float32", **kw):
+    llm = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256,
+              block_size=BLOCK, **kw)
+    return llm.engine.runner
+
+
+def _entry(tokens, table, start, count):
+    seq = SimpleNamespace(token_ids=tokens, block_table=table, num_tokens=len(tokens))
+    return SimpleNamespace(seq=seq, start=start, num_new_tokens=count, is_sampling=True)
+
+
+def _sequences(seed=0, lengths=(5, 37, 70), blocks=None):
+    """Random prompts, each with blocks drawn from the pool in a scattered order."""
+    g = torch.Generator().manual_seed(seed)
+    order = blocks if blocks is not None else torch.randperm(64, generator=g).tolist()
+    seqs, used = [], 0
+    for n in lengths:
+        need = -(-n // BLOCK)
+        seqs.append((torch.randint(3, 1000, (n,), generator=g).tolist(), order[used:used + need]))
+        used += need
+    return seqs
+
+
+@torch.inference_mode()
+def _prefill(runner, seqs):
+    """Every token but the last through the torch path (it writes their K/V)."""
+    entries = [_entry(t, b, 0, len(t) - 1) for t, b in seqs if len(t) > 1]
+    batch = build_input_batch(entries, BLOCK, runner.device, False)
+    batch.meta.workspace = runner.workspace
+    runner.model(batch.input_ids, batch.positions, runner.kv_caches, batch.meta)
+
+
+@torch.inference_mode()
+def _decode(runner, seqs, fused=True):
+    """The last token of each sequence, one decode step: hidden states [B, hidden]."""
+    entries = [_entry(t, b, len(t) - 1, 1) for t, b in seqs]
+    batch = build_input_batch(entries, BLOCK, runner.device, False, fused_decode=fused)
+    batch.meta.workspace = runner.workspace
+    if fused:
+        return runner.fused_decode.run(batch.input_ids, batch.positions, batch.meta.slot_mapping,
+                                       batch.meta)
+    return runner.model(batch.input_ids, batch.positions, runner.kv_caches, batch.meta)
+
+
+def _rows_by_length(seqs, hidden):
+    """build_input_batch orders decodes by context length; map back to seqs' order."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    out = torch.empty_like(hidden)
+    out[order] = hidden
+    return out
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, request):
+    """GQA (4 query heads on 2 KV heads), Qwen2's Q/K/V bias, several sequences of different
+    lengths in scattered blocks; float32 and bf16 activations and caches."""
+    runner = _runner(request.getfixturevalue(checkpoint), dtype)
+    assert runner.fused_decode is not None
+    seqs = _sequences()
+    _prefill(runner, seqs)
+    reference = _decode(runner, seqs, fused=False).float()
+    got = _decode(runner, seqs).float()
+    assert got.shape == reference.shape == (3, 64)
+    assert got.dtype == reference.dtype
+    for row in range(3):
+        error = (got[row] - reference[row]).norm() / reference[row].norm()
+        assert error < tolerance, f"row {row}: relative error {error:.2e}"
+
+
+def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_dir):
+    runner = _runner(tiny_llama_dir)
+    seqs = _sequences(lengths=(20,))
+    _prefill(runner, seqs)
+    pool = runner.kv_pool
+    slot = seqs[0][1][19 // BLOCK] * BLOCK + 19 % BLOCK
+    flat = pool.view(2, pool.shape[1], -1, *pool.shape[-2:])  # [2, layers, slots, KVH, D]
+    before = flat.clone()
+    _decode(runner, seqs, fused=False)
+    torch_kv = flat[:, :, slot].clone()
+    flat[:, :, slot] = 0
+    _decode(runner, seqs)
+    others = torch.ones(flat.shape[2], dtype=torch.bool)
+    others[slot] = False
+    assert torch.equal(flat[:, :, others], before[:, :, others])  # nothing else touched
+    assert torch.allclose(flat[:, :, slot], torch_kv, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype):
+    runner = _runner(tiny_llama_dir, dtype)
+    seqs = _sequences(lengths=(5, 37, 70, 18))
+    _prefill(runner, seqs)
+    together = _rows_by_length(seqs, _decode(runner, seqs))
+    for i, s in enumerate(seqs):
+        assert torch.equal(_decode(runner, [s])[0], together[i]), f"sequence {i} alone"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = _rows_by_length(seqs, _decode(runner, seqs))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, together)
+    # the same K/V in other blocks of the pool: the same bits
+    tokens, blocks = seqs[2]
+    used = {b for _, bs in seqs for b in bs}
+    moved = [b for b in range(63, -1, -1) if b not in used][:len(blocks)]  # descending: not a run
+    pool = runner.kv_pool
+    pool[:, :, moved] = pool[:, :, blocks]
+    assert torch.equal(_decode(runner, [(tokens, moved)])[0], together[2])
+
+
+def test_greedy_tokens_are_the_same_alone_and_beside_arriving_prefills(tiny_llama_dir):
+    """Through the engine: a decode step that shares its step with another request's prefill
+    (the prefill rows take the torch path, the decode rows the fused one) changes nothing."""
+    llm = LLM(str(tiny_llama_dir), quantization="int4", num_kv_blocks=64, max_model_len=256)
+    assert llm.engine.runner.fused_decode is not None
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = llm.generate([[11, 12, 13, 14]], params)[0].token_ids
+    engine = llm.engine
+    engine.add_request("a", [11, 12, 13, 14], params)
+    outs: dict[str, list[int]] = {}
+    for step in range(40):
+        if step in (3, 7):
+            engine.add_request(f"late{step}", list(range(20, 60 + step)), params)
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).extend(o.token_ids_delta)
+        if not engine.has_unfinished_requests():
+            break
+    assert outs["a"] == alone
+
+
+def test_the_fused_step_stays_off_where_it_does_not_apply(tiny_llama_dir, monkeypatch):
+    assert _runner(tiny_llama_dir, kv_cache_dtype="int8").fused_decode is None  # 8-bit cache
+    float_llm = LLM(str(tiny_llama_dir), quantization="none", num_kv_blocks=64, max_model_len=256)
+    assert float_llm.engine.runner.fused_decode is None  # float projections
+    monkeypatch.setenv("PAGODA_FUSED_DECODE", "0")
+    assert _runner(tiny_llama_dir).fused_decode is None
