@@ -102,6 +102,16 @@ def claimant(site, request_id: str) -> str:
     return claim.worker_id
 
 
+def claims_by(site, worker_id: str) -> int:
+    """How many requests' reply streams open with a claim by ``worker_id``."""
+    count = 0
+    for key in site.redis.scan_iter(match=reply_stream("*"), count=1000):
+        first = site.redis.xrange(key, count=1)
+        if first and Reply.from_dict(json.loads(first[0][1]["data"])).worker_id == worker_id:
+            count += 1
+    return count
+
+
 def first_text_chunk(chunks):
     chunk = next(chunks)
     while not (chunk.choices and chunk.choices[0].text):
@@ -188,8 +198,14 @@ def test_a_drain_timeout_shorter_than_the_generation_ends_requests_with_worker_l
         except openai.APIError as exc:
             outcome["error"] = exc
 
+    worker_id = serving(site, BRIEF)[worker.pid]["worker_id"]
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(non_streamed)
+        # claimed before the SIGTERM, or the draining worker hands it back unstarted (no_worker)
+        deadline = time.monotonic() + 30  # polled tightly: the generation itself takes about a second
+        while claims_by(site, worker_id) < 1:
+            assert time.monotonic() < deadline and not pending.done(), "the non-streamed request unclaimed"
+            time.sleep(0.01)
         chunks = iter(client.completions.create(model=BRIEF, **LONG, stream=True))
         first = first_text_chunk(chunks)
         forget(site, worker)
