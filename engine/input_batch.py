@@ -61,9 +61,8 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         _fill_triton_metadata(meta, prefills, decodes, block_size, device)
     else:
         _fill_torch_metadata(meta, prefills, [] if fused_decode else decodes, block_size, device)
-        if fused_decode and decodes:
-            meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
-            meta.decode_block_tables = _padded_tables(decodes, device)
+        if fused_decode:
+            _fill_decode_tables(meta, decodes, device)
     return InputBatch(
         input_ids=flat[:t],
         positions=flat[t:2 * t],
@@ -118,6 +117,11 @@ def _fill_triton_metadata(meta, prefills, decodes, block_size, device) -> None:
                                             torch.int32)
         meta.prefill_block_tables = _padded_tables(prefills, device)
         meta.prefill_max_query_len = max(e.num_new_tokens for e in prefills)
+    _fill_decode_tables(meta, decodes, device)
+
+
+def _fill_decode_tables(meta, decodes, device) -> None:
+    """Each decode's context length (its new token included) and block table, int32."""
     if decodes:
         meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
         meta.decode_block_tables = _padded_tables(decodes, device)

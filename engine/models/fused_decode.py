@@ -43,7 +43,7 @@ class FusedDecode:
     def __init__(self, lib: ctypes.CDLL, model: torch.nn.Module, kv_caches: list, block_size: int,
                  dense_rows: int | None):
         inner, cfg = model.model, model.config
-        self.lib, self.model, self.dtype = lib, model, inner.norm.weight.dtype
+        self.lib, self.dtype = lib, inner.norm.weight.dtype
         self.dense_rows = dense_rows
         self._keep: list[torch.Tensor] = []  # float32 norms and biases the structs point into
         layers = (decode_step.Layer * len(inner.layers))()

@@ -102,7 +102,7 @@ def _build_and_load(name: str, arch: tuple[str, ...]) -> ctypes.CDLL | None:
         # every source here, since one may include another (decode_step.c includes qmatmul.c)
         sources = [p.read_text() for p in sorted(HERE.glob("*.[ch]"))]
         digest = hashlib.sha256("\0".join(
-            [source.read_text(), *sources, version, " ".join(FLAGS + arch), _cpu_identity()]
+            [name, *sources, version, " ".join(FLAGS + arch), _cpu_identity()]
         ).encode()).hexdigest()[:16]
         target = cache_dir() / f"{name}-{digest}.so"
         if not target.exists():

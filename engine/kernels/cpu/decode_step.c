@@ -268,7 +268,6 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
             }
         }
     }
-    (void)group;
 }
 
 #else
