@@ -101,6 +101,10 @@ def test_a_drain_timeout_shorter_than_the_generation_ends_streamed_and_whole_req
 
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(whole)
+        # running before the SIGTERM: sent too late, it found Daphne no longer listening (a
+        # connection error, seen in a CI run) instead of a 503 with a record
+        site.wait_until(lambda: (site.metric("pagoda:num_requests_running", model_name="tiny") or 0) >= 1
+                        or pending.done(), "the whole request running", timeout=60)
         chunks = iter(client.completions.create(**LONG, stream=True))
         first = first_text_chunk(chunks)
         sent_at = sigterm(site, daphne)
