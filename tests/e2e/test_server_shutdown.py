@@ -3,8 +3,9 @@ it had accepted ends with an answer and a usage record, never a hang or a missin
 
 Each test starts its own Daphne (and kills it) on one database with the tiny model "tiny", given an
 8k context so that its 8,000-token stream runs for seconds even on a fast machine:
-- a drain timeout longer than the generation: the running stream finishes normally, a request
-  sent during the drain gets 503 server_shutting_down, then the process exits 0;
+- a drain timeout longer than the generation (1,000 tokens of it: all 8,000 took over the 120 s
+  timeout with both cores busy elsewhere): the running stream finishes normally, a request sent
+  during the drain gets 503 server_shutting_down, then the process exits 0;
 - a drain timeout far shorter than the generation: the embedded worker gives up on its running
   requests, whose clients get worker_lost at once and whose usage records say error.
 """
@@ -64,7 +65,7 @@ def first_text_chunk(chunks):
 def test_sigterm_lets_the_running_stream_finish_refuses_new_requests_and_exits_0(site):
     drain_timeout = 120.0  # far more than the stream needs, even on a busy machine
     daphne, client = start_server(site, drain_timeout)
-    body = LONG  # seconds of tokens on a quiet machine
+    body = {**LONG, "max_tokens": 1000}  # seconds of tokens, well under the timeout on a busy machine
     chunks = iter(client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
     first = first_text_chunk(chunks)
 
