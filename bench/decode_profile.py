@@ -53,7 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--profile-steps", type=int, default=10, help="0: time only")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: a short prompt)")
@@ -65,6 +65,8 @@ def main() -> None:
     times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch)
     print(f"decode, batch {args.batch}{f' at {args.context} tokens' if args.context else ''}: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
           f"(min {min(times) * 1e3:.1f}), torch threads {torch.get_num_threads()}")
+    if args.profile_steps <= 0:
+        return
 
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     ptimes = _decode_steps(llm, args.profile_steps, prof, context=args.context, batch=args.batch)

@@ -1,7 +1,8 @@
 """Pagoda against llama.cpp's own server on the same GGUF, side by side in one run.
 
 Builds llama.cpp's ``llama-server`` from the ``llama-cpp-python`` sdist on PyPI into a cache
-folder once ($PAGODA_CACHE, default ~/.cache/pagoda; cmake, target llama-server), starts it with
+folder once ($PAGODA_CACHE, default ~/.cache/pagoda; cmake, target llama-server; natively, or without
+ggml's AMX kernels on a CPU with AMX, where they faulted: NO_AMX_FLAGS), starts it with
 the bundled SmolLM2 GGUF (``-np 32 -c 16384 -t 2``), starts Pagoda's embedded server as
 ``make run`` does (Daphne with the engine worker in the web process, in a temporary folder with
 its own SQLite database and API key), both on 127.0.0.1 only. Then alternates bench/serve.py
@@ -43,11 +44,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PAGODA_CACHE") or Path.home() / ".cache" / "pagoda")
 
 
+# llama.cpp's native build on a CPU with AMX compiles ggml's AMX kernels, which died at their first
+# ldtilecfg (general protection fault, then illegal instruction) on this project's Xeon VM with
+# amx_tile/amx_int8/amx_bf16 (0.3.36; AMX itself works there once a process asks the kernel for it).
+# There the peer is built for the same ISA minus AMX: every AVX-512 extension ggml has an option for.
+NO_AMX_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON", "-DGGML_FMA=ON",
+                "-DGGML_F16C=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+                "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON"]
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def llama_server_binary() -> Path:
-    """The cached llama-server, built from the sdist the first time (a few minutes on 2 cores)."""
+    """The cached llama-server, built from the sdist the first time (10-25 minutes on 2 cores):
+    native, or without AMX where the CPU has it (see NO_AMX_FLAGS)."""
     name, version = LLAMA_CPP_PYTHON.split("==")
     source = cache_dir() / f"{name.replace('-', '_')}-{version}" / "vendor" / "llama.cpp"
-    binary = source / "build" / "bin" / "llama-server"
+    build, flags = ("build-noamx", NO_AMX_FLAGS) if _cpu_has_amx() else ("build", [])
+    binary = source / build / "bin" / "llama-server"
     if binary.is_file():
         return binary
     cache_dir().mkdir(parents=True, exist_ok=True)
@@ -58,8 +77,8 @@ def llama_server_binary() -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(cache_dir(), filter="data")
     jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "-B", "build", *CMAKE_FLAGS], cwd=source, check=True)
-    subprocess.run(["cmake", "--build", "build", "-j", jobs, "--target", "llama-server"],
+    subprocess.run(["cmake", "-B", build, *CMAKE_FLAGS, *flags], cwd=source, check=True)
+    subprocess.run(["cmake", "--build", build, "-j", jobs, "--target", "llama-server"],
                    cwd=source, check=True)
     return binary
 
@@ -149,7 +168,7 @@ def main() -> int:
     binary = llama_server_binary()
     root, env, key = prepare_workdir("pagoda-peers-")
     print(f"{cpu_description()}\n{gguf.name}; {args.max_tokens} tokens per request; "
-          f"workdir {root}", flush=True)
+          f"llama.cpp {binary.parent.parent.name}; workdir {root}", flush=True)
 
     with Services(root, env) as services:
         llama_port, pagoda_port = free_port(), free_port()

@@ -57,9 +57,12 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* exp(x) to about 2 ulp (Cephes' expf polynomial), written so the compiler vectorises a loop of it. */
+/* exp(x) to about 2 ulp (Cephes' expf polynomial), written so the compiler vectorises a loop of it
+   (the clamp as comparisons: fminf/fmaxf stayed library calls, and SiLU's loop scalar, 8 ms of a
+   32-row step). A NaN stays NaN. */
 static inline float pg_exp(float x) {
-    x = fminf(fmaxf(x, -87.3f), 88.3f);
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.3f ? 88.3f : x;
     const float n = rintf(x * 1.44269504088896341f);
     float f = fmaf(n, -0.693359375f, x);
     f = fmaf(n, 2.12194440e-4f, f);

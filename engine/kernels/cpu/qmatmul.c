@@ -16,7 +16,15 @@
    in float. A lane's operations and their order do not depend on the number of rows M, the
    row tile or the threads, so a row's result does not depend on what it is batched with, and the
    AVX512-VNNI, AVX-VNNI and AVX2 paths agree bit for bit. Needs AVX2, FMA and F16C;
-   pagoda_q4_isa() says which path was compiled (0: none). */
+   pagoda_q4_isa() says which path was compiled (0: none).
+
+   AMX (built with AMX-INT8 and AVX-512, and the kernel grants the process the tile state): whole
+   tiles of 16 rows (the rest of a call's rows keep the VNNI tiles) take 16 rows x 16 output lanes x one block per tile product
+   (TDPBSUD: signed activation codes times the unsigned weight codes, the same exact int32 as
+   the 8 VNNI dot products), then the same float epilogue in the same order per lane, so its
+   results are the VNNI path's bits too, and the row count choosing it changes no result. An
+   int4 block is unpacked to one 8 x 64-byte B tile (the layout's 4 low-nibble and 4 high-nibble
+   slices are its K rows in order); an int8 block is one as stored. */
 
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +32,14 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <omp.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#define HAS_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define M_BLOCK 64 /* activation rows whose codes stay in cache while the weights stream by */
 
@@ -153,6 +169,110 @@ static void quantize_row(const char *x, int bf16, int64_t K, uint8_t *dst) {
     }
 }
 
+#if defined(HAS_AMX)
+#define AMX_ROWS 16
+
+/* The tile state is off until the process asks (Linux 5.16+): granted once, at load. PAGODA_AMX=0
+   keeps it off; pagoda_q4_set_amx switches it (tests compare the two paths). */
+static int amx_on;
+__attribute__((constructor)) static void amx_init(void) {
+    const char *env = getenv("PAGODA_AMX");
+    if (env && (!strcmp(env, "0") || !strcasecmp(env, "false") || !strcasecmp(env, "no")
+                || !strcasecmp(env, "off")))
+        return;
+    amx_on = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+/* Tiles 0 and 1: C, 16 rows x 16 int32; 2 and 3: A, 16 rows x 32 activation codes (one block);
+   4 and 5: B, 8 rows x 64 bytes (one block of 16 output lanes, 4 codes a lane per row). Two
+   blocks are in flight at a time: a tile product waits for its operands and a tile store for
+   its product, so one block's store and epilogue overlap the other's product. */
+static void amx_configure(void) {
+    _Alignas(64) uint8_t cfg[64] = {0};
+    cfg[0] = 1; /* palette */
+    uint16_t *colsb = (uint16_t *)(cfg + 16);
+    uint8_t *rows = cfg + 48;
+    for (int t = 0; t < 2; t++) {
+        colsb[t] = 64; rows[t] = AMX_ROWS;
+        colsb[2 + t] = 32; rows[2 + t] = AMX_ROWS;
+        colsb[4 + t] = 64; rows[4 + t] = 8;
+    }
+    _tile_loadconfig(cfg);
+}
+
+/* One block's B tile: an int4 block unpacked into bt (low-nibble slices, then high), an int8
+   block as stored. */
+static inline __attribute__((always_inline)) const uint8_t *amx_b(int bits, const uint8_t *wb,
+                                                                  uint8_t *bt) {
+    if (bits != 4) return wb;
+    const vi m4 = vi_set1_8(0x0f);
+    for (int s = 0; s < 4; s++) {
+        const vi x = vi_load(wb + s * 4 * G);
+        _mm512_store_si512((void *)(bt + s * 64), vi_and(x, m4));
+        _mm512_store_si512((void *)(bt + (s + 4) * 64), vi_and(vi_srl4(x), m4));
+    }
+    return bt;
+}
+
+/* acc[i] += the block's int32 products c (row i, 16 lanes) in the VNNI path's float order. */
+static inline __attribute__((always_inline)) void amx_epilogue(
+        int bits, const int32_t *c, const uint16_t *d, const uint16_t *mn, int64_t b, int64_t nb,
+        const uint8_t *a, int64_t rb, int64_t K, vf *acc) {
+    const vf dv = vf_ph(d + b * G);
+    const vf mv = bits == 4 ? vf_ph(mn + b * G) : vf_mul(dv, vf_set1(-128.0f));
+    for (int i = 0; i < AMX_ROWS; i++) {
+        const float *sa = (const float *)(a + i * rb + K);
+        const vi s = _mm512_load_si512((const void *)(c + i * 16));
+        acc[i] = vf_fma(vf_cvt(s), vf_mul(dv, vf_set1(sa[b])), acc[i]);
+        acc[i] = vf_fma(mv, vf_set1(sa[nb + b]), acc[i]);
+    }
+}
+
+/* AMX_ROWS activation rows (scratch rows at a, stride rb) times one group of 16 weight rows:
+   acc[i] for row i. */
+static inline __attribute__((always_inline)) void amx_tile(
+        int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
+        const uint8_t *a, int64_t rb, int64_t K, vf *acc) {
+    _Alignas(64) int32_t c[2][2][AMX_ROWS * 16]; /* [pair parity][block of the pair] */
+    _Alignas(64) uint8_t bt[2][8 * 64];
+    const int64_t wblock = 4 * bits * G;
+    for (int i = 0; i < AMX_ROWS; i++) acc[i] = vf_zero();
+    /* Pairs of blocks; a pair's results are read one pair later, once its tile stores are done
+       (reading them at once waited on every store). */
+    int64_t b = 0, pending = -1;
+    for (; b + 1 < nb; b += 2) {
+        int32_t *cp = c[(b >> 1) & 1][0], *cq = c[(b >> 1) & 1][1];
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_loadd(2, a + b * 32, rb);
+        _tile_loadd(4, amx_b(bits, w + b * wblock, bt[0]), 64);
+        _tile_loadd(3, a + (b + 1) * 32, rb);
+        _tile_loadd(5, amx_b(bits, w + (b + 1) * wblock, bt[1]), 64);
+        _tile_dpbsud(0, 2, 4);
+        _tile_dpbsud(1, 3, 5);
+        _tile_stored(0, cp, 64);
+        _tile_stored(1, cq, 64);
+        if (pending >= 0) {
+            amx_epilogue(bits, c[(pending >> 1) & 1][0], d, mn, pending, nb, a, rb, K, acc);
+            amx_epilogue(bits, c[(pending >> 1) & 1][1], d, mn, pending + 1, nb, a, rb, K, acc);
+        }
+        pending = b;
+    }
+    if (pending >= 0) {
+        amx_epilogue(bits, c[(pending >> 1) & 1][0], d, mn, pending, nb, a, rb, K, acc);
+        amx_epilogue(bits, c[(pending >> 1) & 1][1], d, mn, pending + 1, nb, a, rb, K, acc);
+    }
+    if (b < nb) {
+        _tile_zero(0);
+        _tile_loadd(2, a + b * 32, rb);
+        _tile_loadd(4, amx_b(bits, w + b * wblock, bt[0]), 64);
+        _tile_dpbsud(0, 2, 4);
+        _tile_stored(0, c[0][0], 64);
+        amx_epilogue(bits, c[0][0], d, mn, b, nb, a, rb, K, acc);
+    }
+}
+#endif
+
 /* R activation rows (scratch rows at a, stride rb) times one group of G weight rows of
    ``bits`` 4 or 8. */
 static inline __attribute__((always_inline)) void tile(
@@ -221,6 +341,48 @@ int pagoda_q4_rows_per_group(void) { return G; }
 
 int64_t pagoda_q4_scratch_bytes(int64_t M, int64_t K) { return M * row_bytes(K); }
 
+/* Whether calls of 16 rows or more take the AMX tiles (1), after asking for ``on``
+   (0: never); always 0 where the build or the kernel has no AMX. */
+int pagoda_q4_set_amx(int on) {
+#if defined(HAS_AMX)
+    static int granted = -1;
+    if (granted < 0) granted = amx_on;
+    amx_on = on && granted;
+    return amx_on;
+#else
+    return 0 * on;
+#endif
+}
+
+/* Rows r0..r1 of the scratch times weight group gi, ROW_TILE rows at a time, into y. */
+static inline __attribute__((always_inline)) void vnni_rows(
+        int bits, const uint8_t *wg, const uint16_t *dg, const uint16_t *mg, int64_t nb,
+        const uint8_t *scratch, int64_t rb, int64_t K, int64_t r0, int64_t r1, int64_t gi, vf bv,
+        void *y, int64_t ldy, int y_bf16) {
+    vf acc[ROW_TILE];
+    for (int64_t r = r0; r < r1; r += ROW_TILE) {
+        const uint8_t *a = scratch + r * rb;
+        const int R = r1 - r < ROW_TILE ? (int)(r1 - r) : ROW_TILE;
+        switch (R) {
+#if ROW_TILE == 8
+            case 8: tile(bits, 8, wg, dg, mg, nb, a, rb, K, acc); break;
+            case 7: tile(bits, 7, wg, dg, mg, nb, a, rb, K, acc); break;
+            case 6: tile(bits, 6, wg, dg, mg, nb, a, rb, K, acc); break;
+            case 5: tile(bits, 5, wg, dg, mg, nb, a, rb, K, acc); break;
+#endif
+            case 4: tile(bits, 4, wg, dg, mg, nb, a, rb, K, acc); break;
+            case 3: tile(bits, 3, wg, dg, mg, nb, a, rb, K, acc); break;
+            case 2: tile(bits, 2, wg, dg, mg, nb, a, rb, K, acc); break;
+            default: tile(bits, 1, wg, dg, mg, nb, a, rb, K, acc); break;
+        }
+        for (int i = 0; i < R; i++) {
+            const vf v = vf_add(acc[i], bv);
+            if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
+            else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
+        }
+    }
+}
+
 /* The product run by every thread of an enclosing parallel region (one call each): the rows are
    quantized (with the barrier ending that loop), then each thread takes its share of the weight
    groups. No barrier at the end: a caller that reads y inside the region puts one. */
@@ -236,34 +398,41 @@ static inline __attribute__((always_inline)) void matmul_team(
             quantize_row((const char *)x + r * ldx * esize, x_bf16, K, scratch + r * rb);
         const int T = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
-        vf acc[ROW_TILE];
+#if defined(HAS_AMX)
+        if (amx_on && M >= AMX_ROWS) {
+            vf acc[AMX_ROWS];
+            amx_configure();
+            for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
+                const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
+                const int64_t full = m0 + (m1 - m0) / AMX_ROWS * AMX_ROWS;
+                for (int64_t gi = g0; gi < g1; gi++) {
+                    const uint8_t *wg = w + gi * nb * 4 * bits * G;
+                    const uint16_t *dg = d + gi * nb * G, *mg = bits == 4 ? mn + gi * nb * G : NULL;
+                    const vf bv = bias ? vf_loadu(bias + gi * G) : vf_zero();
+                    for (int64_t r = m0; r < full; r += AMX_ROWS) {
+                        amx_tile(bits, wg, dg, mg, nb, scratch + r * rb, rb, K, acc);
+                        for (int i = 0; i < AMX_ROWS; i++) {
+                            const vf v = vf_add(acc[i], bv);
+                            if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
+                            else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
+                        }
+                    }
+                    /* a partial tile would leave lanes of the tile product idle: the rest of the
+                       rows (fewer than 16) take the VNNI tiles, the same bits */
+                    vnni_rows(bits, wg, dg, mg, nb, scratch, rb, K, full, m1, gi, bv, y, ldy, y_bf16);
+                }
+            }
+            _tile_release();
+            return;
+        }
+#endif
         for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
             const int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
             for (int64_t gi = g0; gi < g1; gi++) {
                 const uint8_t *wg = w + gi * nb * 4 * bits * G;
                 const uint16_t *dg = d + gi * nb * G, *mg = bits == 4 ? mn + gi * nb * G : NULL;
                 const vf bv = bias ? vf_loadu(bias + gi * G) : vf_zero();
-                for (int64_t r = m0; r < m1; r += ROW_TILE) {
-                    const uint8_t *a = scratch + r * rb;
-                    const int R = m1 - r < ROW_TILE ? (int)(m1 - r) : ROW_TILE;
-                    switch (R) {
-#if ROW_TILE == 8
-                        case 8: tile(bits, 8, wg, dg, mg, nb, a, rb, K, acc); break;
-                        case 7: tile(bits, 7, wg, dg, mg, nb, a, rb, K, acc); break;
-                        case 6: tile(bits, 6, wg, dg, mg, nb, a, rb, K, acc); break;
-                        case 5: tile(bits, 5, wg, dg, mg, nb, a, rb, K, acc); break;
-#endif
-                        case 4: tile(bits, 4, wg, dg, mg, nb, a, rb, K, acc); break;
-                        case 3: tile(bits, 3, wg, dg, mg, nb, a, rb, K, acc); break;
-                        case 2: tile(bits, 2, wg, dg, mg, nb, a, rb, K, acc); break;
-                        default: tile(bits, 1, wg, dg, mg, nb, a, rb, K, acc); break;
-                    }
-                    for (int i = 0; i < R; i++) {
-                        const vf v = vf_add(acc[i], bv);
-                        if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
-                        else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
-                    }
-                }
+                vnni_rows(bits, wg, dg, mg, nb, scratch, rb, K, m0, m1, gi, bv, y, ldy, y_bf16);
             }
         }
     }
@@ -297,6 +466,7 @@ void pagoda_q8_matmul(const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf
 
 #else /* no AVX2/FMA/F16C: the engine keeps torch's kernel */
 int pagoda_q4_isa(void) { return 0; }
+int pagoda_q4_set_amx(int on) { return 0 * on; }
 int pagoda_q4_rows_per_group(void) { return 0; }
 int64_t pagoda_q4_scratch_bytes(int64_t M, int64_t K) { return 0 * M * K; }
 void pagoda_q4_matmul(void) {}

@@ -48,6 +48,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the C signatures on a loaded build of qmatmul.c."""
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.pagoda_q4_isa.restype = i32
+    lib.pagoda_q4_set_amx.argtypes = [i32]
+    lib.pagoda_q4_set_amx.restype = i32
     lib.pagoda_q4_rows_per_group.restype = i32
     lib.pagoda_q4_scratch_bytes.argtypes = [i64, i64]
     lib.pagoda_q4_scratch_bytes.restype = i64
@@ -152,9 +154,10 @@ def unpack_int8(packed: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, to
     return q.to(torch.int8), _flat(d)
 
 
-def _scratch_row_bytes(k: int) -> int:
-    """qmatmul.c's row_bytes: codes, then a scale and a sum per block, 64-byte aligned."""
-    return (k + k // BLOCK * 8 + 63) // 64 * 64
+def _scratch_bytes(rows: int, k: int) -> int:
+    """qmatmul.c's pagoda_q4_scratch_bytes: row_bytes a row (codes, then a scale and a sum per
+    block, 64-byte aligned)."""
+    return rows * ((k + k // BLOCK * 8 + 63) // 64 * 64)
 
 
 def _scratch(nbytes: int) -> int:
@@ -175,7 +178,7 @@ def _call(fn, x: torch.Tensor, w: int, d: int, m: int | None, n: int, bias, out_
     y = torch.empty(rows, n, dtype=out_dtype)
     if rows == 0:
         return y
-    scratch = _scratch(rows * _scratch_row_bytes(k))
+    scratch = _scratch(_scratch_bytes(rows, k))
     args = [x.data_ptr(), rows, k, x.stride(0), x.dtype is torch.bfloat16, w, d]
     if m is not None:
         args.append(m)

@@ -73,6 +73,33 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads():
     assert torch.equal(whole, one_thread)
 
 
+@pytest.mark.parametrize("rows", [8, 13, 16, 33, 70])
+def test_the_amx_tiles_agree_bit_for_bit_with_the_vnni_path(rows):
+    lib = q4.library()
+    if not lib.pagoda_q4_set_amx(1):
+        pytest.skip("no AMX here (or the kernel did not grant the tile state)")
+    codes, scales, zeros = _weight(192, 576 + 32 * (rows % 2), seed=rows)  # an odd block count too
+    packed = q4.pack_int4(codes, scales, zeros, 32)
+    q, d = q4.quantize_int8_blocks(torch.randn(64, codes.shape[1]))
+    packed8 = q4.pack_int8(q, d)
+    bias = torch.randn(192)
+    results = {}
+    try:
+        for amx in (1, 0):
+            lib.pagoda_q4_set_amx(amx)
+            for dtype in (torch.bfloat16, torch.float32):
+                x = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
+                results[amx, dtype] = (q4.int4_matmul(x, *packed, bias=bias),
+                                       q4.int8_matmul(x, *packed8, out_dtype=torch.float32))
+    finally:
+        lib.pagoda_q4_set_amx(1)
+    for dtype in (torch.bfloat16, torch.float32):
+        for amx_out, vnni_out in zip(results[1, dtype], results[0, dtype]):
+            assert torch.equal(amx_out, vnni_out)
+    x = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(results[1, torch.float32][0], _ref4(x, packed, bias), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_pack_keeps_every_weight_and_larger_groups_share_their_scale(group):
     codes, scales, zeros = _weight(32, 256, group)
@@ -175,7 +202,7 @@ def test_lm_head_gives_float32_logits_that_do_not_depend_on_the_batch(dtype):
 @pytest.mark.parametrize("k", [32, 64, 96, 576, 1536, 8192])
 def test_the_scratch_python_reserves_is_what_the_kernel_writes(k):
     for rows in (1, 7, 300):
-        assert rows * q4._scratch_row_bytes(k) == q4.library().pagoda_q4_scratch_bytes(rows, k)
+        assert q4._scratch_bytes(rows, k) == q4.library().pagoda_q4_scratch_bytes(rows, k)
 
 
 def test_a_tied_embedding_reads_the_lm_heads_int8_table_and_the_float_table_is_freed():
