@@ -21,7 +21,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import LLM, SamplingParams  # noqa: E402
+from engine import LLM, SamplingParams, cpu_info  # noqa: E402
 from engine.tokenizer import apply_chat_template  # noqa: E402
 
 
@@ -67,7 +67,9 @@ def main() -> int:
     prompts = load_prompts(llm.tokenizer, args.num_prompts)
     print(f"{len(prompts)} requests, prompt tokens {sum(map(len, prompts))} "
           f"(min {min(map(len, prompts))}, max {max(map(len, prompts))}), "
-          f"{args.max_tokens} output tokens each, fp32, {torch.get_num_threads()} threads")
+          f"{args.max_tokens} output tokens each, {torch.get_num_threads()} threads; pagoda's defaults "
+          f"({str(llm.engine.runner.dtype).removeprefix('torch.')}, quantization "
+          f"{llm.engine.config.quantization}), transformers fp32; {cpu_info.describe()}")
     hf = None
     if not args.skip_transformers:
         from transformers import AutoModelForCausalLM

@@ -25,7 +25,7 @@ import os
 import torch
 
 from engine.attention_metadata import AttentionMetadata
-from engine.kernels.cpu import decode_step
+from engine.kernels.cpu import decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 
 logger = logging.getLogger(__name__)
@@ -79,8 +79,8 @@ class FusedDecode:
             logger.info("fused CPU decode step off: %s", reason)
             return None
         fused = cls(lib, model, kv_caches, block_size, dense_rows)
-        logger.info("fused CPU decode step on: every layer of a step's decode rows in one native call "
-                    "(%s=0 turns it off)", ENV)
+        logger.info("fused CPU decode step on: every layer of a step's decode rows in one native call, "
+                    "products on the %s path (%s=0 turns it off)", qmatmul.isa(), ENV)
         return fused
 
     @staticmethod

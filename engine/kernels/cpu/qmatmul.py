@@ -50,6 +50,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pagoda_q4_isa.restype = i32
     lib.pagoda_q4_set_amx.argtypes = [i32]
     lib.pagoda_q4_set_amx.restype = i32
+    lib.pagoda_q4_amx.restype = i32
     lib.pagoda_q4_rows_per_group.restype = i32
     lib.pagoda_q4_scratch_bytes.argtypes = [i64, i64]
     lib.pagoda_q4_scratch_bytes.restype = i64
@@ -61,9 +62,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def isa() -> str | None:
-    """Which instruction path the kernels were compiled with, None when they are not usable."""
+    """Which instruction path the kernels were compiled with ("+amx": whole 16-row tiles take AMX's
+    tile products), None when they are not usable."""
     lib = library()
-    return None if lib is None else ISA_NAMES[lib.pagoda_q4_isa()]
+    return None if lib is None else ISA_NAMES[lib.pagoda_q4_isa()] + ("+amx" if lib.pagoda_q4_amx() else "")
 
 
 def rows_per_group(lib: ctypes.CDLL | None = None) -> int:
