@@ -1,7 +1,7 @@
 """Where one decode step of the engine goes: ms per step and torch.profiler's op counts.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2] [--steps 40] [--dtype float32] [--context N]
-        [--batch B]
+        [--batch B] [--quantization int8]
 
 Prints the median step time over ``--steps`` decode steps, then the ops of ``--profile-steps``
 profiled steps (calls per step and self CPU ms per step, the top rows by time and by count).
@@ -55,11 +55,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--profile-steps", type=int, default=10, help="0: time only")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--quantization", default=None, help="the engine's setting (default: auto)")
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: a short prompt)")
     parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
     args = parser.parse_args()
-    settings = {} if args.dtype is None else {"dtype": args.dtype}
+    settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization))
+                if v is not None}
     llm = LLM(args.model, **settings)
     _decode_steps(llm, 8, context=args.context, batch=args.batch)  # warm-up
     times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch)
