@@ -142,9 +142,7 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
             out_f, in_f = (out_f, in_f // tp) if leaf in ROW_PARALLEL else (out_f // tp, in_f)
             layout = _layout(tensor.native, quantization, config.quantization_group_size, out_f, in_f)
             layouts[layout[0]] += 1
-            native8 = (device == "cpu" and dtype in ("bfloat16", "float32") and in_f % 32 == 0
-                       and out_f % 16 == 0 and native_kernels.likely_available())
-            weights += _projection_bytes(layout, out_f, in_f, elem, dense_rows, native8)
+            weights += _projection_bytes(layout, out_f, in_f, elem, dense_rows)
             any_quantized |= layout[0] != "float"
         elif tensor.name in ("model.embed_tokens.weight", "lm_head.weight"):
             weights += numel // tp * elem  # vocabulary-parallel
@@ -210,16 +208,14 @@ def _layout(native: tuple | None, quantization: str | None, group_size: int, out
     return layout
 
 
-def _projection_bytes(layout: tuple, out_f: int, in_f: int, elem: int, dense_rows: int | None,
-                      native8: bool = False) -> int:
+def _projection_bytes(layout: tuple, out_f: int, in_f: int, elem: int, dense_rows: int | None) -> int:
     kind, group = layout
     if kind == "float":
         return out_f * in_f * elem
     dense = out_f * in_f * 2 if dense_rows else 0
     if kind == "int4":  # packed nibbles + a bf16 scale and zero per group
         return out_f * in_f // 2 + 2 * out_f * (in_f // group) * 2 + dense
-    # int8 codes + a scale per row (+ the native layout's fp16 scale per 32 columns)
-    return out_f * in_f + out_f * elem + (out_f * in_f // 16 if native8 else 0) + dense
+    return out_f * in_f + out_f * elem + dense  # int8 codes + a scale per row
 
 
 def _kv_tokens(config: EngineConfig, device: str, kv_per_token: int, max_model_len: int,

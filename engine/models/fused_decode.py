@@ -7,9 +7,8 @@ weights, norms and KV pool, and then runs every decode row of a step, all layers
 with one OpenMP region. Prefill rows keep the torch path (their products are GEMMs; the C step
 is for single tokens).
 
-It applies where every projection runs the engine's own int4 or int8 kernel (``Int4WeightOnlyLinear``
-or ``Int8WeightOnlyLinear`` with native arguments: a GGUF's Q4, Q8_0, Q5 or Q6 blocks, or
-``quantization="int4"``/``"int8"``, on an AVX2 CPU), the cache is a plain
+It applies where every projection runs the engine's own int4 kernel (``Int4WeightOnlyLinear``
+with ``native``: a GGUF's Q4 blocks or ``quantization="int4"`` on an AVX2 CPU), the cache is a plain
 bf16 or float32 pool (not 8-bit), there is no tensor parallelism and no Triton; else ``build``
 returns None and the torch path runs, unchanged. ``PAGODA_FUSED_DECODE=0`` turns it off.
 
@@ -28,7 +27,6 @@ import torch
 from engine.attention_metadata import AttentionMetadata
 from engine.kernels.cpu import decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
-from engine.quantization.int8 import Int8WeightOnlyLinear
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +106,8 @@ class FusedDecode:
         for layer in inner.layers:
             for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                          layer.mlp.down_proj):
-                if not (isinstance(proj, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))
-                        and proj._native_args is not None):
-                    return "a projection is not on the engine's int4/int8 kernels"
+                if not (isinstance(proj, Int4WeightOnlyLinear) and proj._native_args is not None):
+                    return "a projection is not on the engine's int4 kernel"
         return None
 
     def _fp32(self, t: torch.Tensor) -> int:
@@ -118,12 +115,11 @@ class FusedDecode:
         self._keep.append(t)
         return t.data_ptr()
 
-    def _proj(self, layer: Int4WeightOnlyLinear | Int8WeightOnlyLinear) -> decode_step.Proj:
-        packed, d, *m = layer._native_args  # int8: no minimum
+    def _proj(self, layer: Int4WeightOnlyLinear) -> decode_step.Proj:
+        packed, d, m = layer._native_args
         bias = 0 if layer.bias is None else self._fp32(layer.bias)
-        return decode_step.Proj(bits=4 if m else 8, w=packed.data_ptr(), d=d.data_ptr(),
-                                m=m[0].data_ptr() if m else None, bias=bias or None,
-                                n=layer.out_features)
+        return decode_step.Proj(bits=4, w=packed.data_ptr(), d=d.data_ptr(), m=m.data_ptr(),
+                                bias=bias or None, n=layer.out_features)
 
     def takes(self, num_decode_rows: int) -> bool:
         """Whether a step with this many decode rows runs them here (not when a dense bf16 copy

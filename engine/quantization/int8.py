@@ -1,16 +1,10 @@
 """Per-output-channel symmetric int8 weight-only linear layers (gpt-fast's WeightOnlyInt8Linear).
 
 Row n of the weight is q[n, :] * s[n] with q in -127..127 (symmetric: no zero point, -128 unused so
-that negation is exact). On the CPU, where the engine's own kernels build and take the shape
-(engine/kernels/cpu/qmatmul.py), the codes move into their int8 layout with the row's scale
-repeated per block of 32 in fp16 (a relative change of at most 2^-11 to the scale, against 2^-8
-for the bf16 scales torch's kernel reads with bf16 activations; a row whose scale is below fp16's
-normal range keeps torch's kernel): bf16 or fp32 activations rounded to int8 per block, as the
-int4 path, and the fused decode step takes such layers too. Otherwise the product runs in
-``torch._weight_int8pack_mm(x, q, s)``, which needs a 2-D activation and scales of the
-activation's dtype (fp32, bf16 or fp16); with bf16 it segfaults (torch 2.13, AVX-512 CPU) unless
-in_features is a multiple of 16, so such layers, and any off the CPU, dequantize the weight to the
-activation's dtype before the product.
+that negation is exact). On the CPU the product runs in ``torch._weight_int8pack_mm(x, q, s)``,
+which needs a 2-D activation and scales of the activation's dtype (fp32, bf16 or fp16); with
+bf16 it segfaults (torch 2.13, AVX-512 CPU) unless in_features is a multiple of 16, so such
+layers, and any off the CPU, dequantize the weight to the activation's dtype before the product.
 
 As with int4, a bf16 GEMM beats the kernel at many rows (SmolLM2's projections: 4.3 vs 9.1 ms at
 1 row, 24 vs 17 ms at 32), so on the CPU with bf16 activations ``dense_rows=N`` keeps a bf16 copy
@@ -25,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.cpu import qmatmul
 from engine.quantization.reference import dequantize_int8, int8_linear_reference  # noqa: F401
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-FP16_MIN_NORMAL = 2.0 ** -14
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,34 +80,13 @@ class Int8WeightOnlyLinear(nn.Module):
         """dense_rows (CPU and bf16 only; None or 0: off): also keep ``weight_dense`` = q * s in
         bf16 [N, K], and multiply steps of at least that many rows by it."""
         self.out_features, self.in_features = q.shape
-        packed = self._native_pack(q, scales, dtype)
-        # torch's kernel reads q as it is; the native layout replaces it (None: the native path)
-        self.register_buffer("weight_int8", None if packed else q.contiguous())
-        self.register_buffer("q8_packed", packed[0] if packed else None)  # the native layout
-        self.register_buffer("q8_d", packed[1] if packed else None)
-        # the kernel's arguments as a plain attribute: a buffer lookup per call costs ~0.3 us
-        self._native_args = packed
-        self._bias32 = None if self.bias is None or not packed else self.bias.float().contiguous()
+        self.register_buffer("weight_int8", q.contiguous())
         # kept in the dtype the model computes in, so the kernel needs no cast per call
         self.register_buffer("scales", scales.detach().to(dtype))
         keep_dense = bool(dense_rows) and q.device.type == "cpu" and dtype == torch.bfloat16
         self.dense_rows = dense_rows if keep_dense else None
-        # rounded like the scales the kernel reads, so both paths stand for the same weight
-        kernel_scales = packed[1].float().transpose(1, 2).reshape(self.out_features, -1)[:, 0] if packed \
-            else self.scales
-        self.register_buffer("weight_dense", dense_int8(q, kernel_scales, dtype) if keep_dense else None)
-
-    @staticmethod
-    def _native_pack(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(codes, fp16 scales) in the native int8 layout, or None where torch's kernel stays."""
-        n, k = q.shape
-        if q.device.type != "cpu" or dtype not in qmatmul.DTYPES or not qmatmul.supports(n, k):
-            return None
-        s = scales.detach().float()
-        if not bool(((s >= FP16_MIN_NORMAL) & (s <= 65504.0)).all()):
-            return None
-        return qmatmul.pack_int8(q, s[:, None].expand(n, k // qmatmul.BLOCK))
+        # rounded like the kernel's bf16 scales, so both paths stand for the same weight
+        self.register_buffer("weight_dense", dense_int8(q, self.scales, dtype) if keep_dense else None)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -126,20 +97,15 @@ class Int8WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [T, K]
+        scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
         if self.weight_dense is not None and x2.shape[0] >= self.dense_rows and (
                 x.dtype == self.weight_dense.dtype):
             out = F.linear(x2, self.weight_dense)
-        elif self._native_args is not None:
-            xk = x2 if x2.dtype in qmatmul.DTYPES else x2.float()
-            out = qmatmul.int8_matmul(xk.contiguous(), *self._native_args, bias=self._bias32)
-            return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         elif x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and (
                 x.dtype != torch.bfloat16 or self.in_features % 16 == 0):
-            scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
             out = torch._weight_int8pack_mm(x2.contiguous(), self.weight_int8, scales)
         else:  # the Triton kernel on a GPU that runs it, else dequantize first
             from engine.quantization.gpu_matmul import int8_matmul_or_none
-            scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
             out = int8_matmul_or_none(x2, self.weight_int8, scales)
             if out is None:
                 out = F.linear(x2, self.weight_int8.to(x.dtype)) * scales
@@ -150,5 +116,4 @@ class Int8WeightOnlyLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}"
-                + (f", dense_rows={self.dense_rows}" if self.dense_rows else "")
-                + (", native" if self._native_args is not None else ""))
+                + (f", dense_rows={self.dense_rows}" if self.dense_rows else ""))

@@ -1,5 +1,5 @@
 """The CPU's fused decode step (engine/models/fused_decode.py, engine/kernels/cpu/decode_step.c)
-against the torch path it replaces, on tiny random checkpoints quantized to int4 (and int8): the same hidden states
+against the torch path it replaces, on tiny random int4 checkpoints: the same hidden states
 within the rounding the two paths do differently, and bit for bit the same whatever shares the
 batch, however many threads run it and wherever a sequence's blocks lie in the pool."""
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(decode_step.library() is None,
 BLOCK = 16
 
 
-def _runner(path, dtype="float32", quantization="int4", **kw):
-    llm = LLM(str(path), quantization=quantization, dtype=dtype, num_kv_blocks=64, max_model_len=256,
+def _runner(path, dtype="float32", **kw):
+    llm = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256,
               block_size=BLOCK, **kw)
     return llm.engine.runner
 
@@ -70,14 +70,12 @@ def _rows_by_length(seqs, hidden):
     return out
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, quantization,
-                                                        request):
+def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, request):
     """GQA (4 query heads on 2 KV heads), Qwen2's Q/K/V bias, several sequences of different
-    lengths in scattered blocks; float32 and bf16 activations and caches; int4 and int8 weights."""
-    runner = _runner(request.getfixturevalue(checkpoint), dtype, quantization)
+    lengths in scattered blocks; float32 and bf16 activations and caches."""
+    runner = _runner(request.getfixturevalue(checkpoint), dtype)
     assert runner.fused_decode is not None
     seqs = _sequences()
     _prefill(runner, seqs)
@@ -108,11 +106,9 @@ def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_di
     assert torch.allclose(flat[:, :, slot], torch_kv, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype,quantization", [("float32", "int4"), ("bfloat16", "int4"),
-                                                ("bfloat16", "int8")])
-def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype,
-                                                                               quantization):
-    runner = _runner(tiny_llama_dir, dtype, quantization)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype):
+    runner = _runner(tiny_llama_dir, dtype)
     seqs = _sequences(lengths=(5, 37, 70, 18))
     _prefill(runner, seqs)
     together = _rows_by_length(seqs, _decode(runner, seqs))

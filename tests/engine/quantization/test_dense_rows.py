@@ -11,7 +11,7 @@ from engine.errors import InvalidParameterError
 from engine.gpu_memory import weights_bytes
 from engine.layers.linear import Int4Linear, Int8Linear
 from engine.quantization.int4 import Int4WeightOnlyLinear, dequantize_int4, quantize_int4
-from engine.quantization.int8 import Int8WeightOnlyLinear, quantize_int8
+from engine.quantization.int8 import Int8WeightOnlyLinear
 
 THRESHOLD = 8
 
@@ -43,16 +43,17 @@ def test_int4_dense_copy_is_taken_at_the_threshold_and_agrees_with_the_kernel(ro
 def test_int8_dense_copy_only_for_bf16_and_agrees_with_the_kernel(rows):
     torch.manual_seed(0)
     weight = torch.randn(96, 128) * 0.05
-    q, scales = quantize_int8(weight)
-    kernel = Int8WeightOnlyLinear(q, scales, dtype=torch.bfloat16)
-    chosen = Int8WeightOnlyLinear(q, scales, dtype=torch.bfloat16, dense_rows=THRESHOLD)
+    kernel = Int8WeightOnlyLinear.from_float(weight, dtype=torch.bfloat16)
+    chosen = Int8WeightOnlyLinear.from_float(weight, dtype=torch.bfloat16)
+    chosen.set_weight(chosen.weight_int8, chosen.scales, torch.bfloat16, dense_rows=THRESHOLD)
     x = torch.randn(rows, 128).bfloat16()
     if rows < THRESHOLD:
         assert torch.equal(chosen(x), kernel(x))
     else:
         assert torch.equal(chosen(x), F.linear(x, chosen.weight_dense))
         torch.testing.assert_close(chosen(x), kernel(x), rtol=2e-2, atol=2e-2)
-    fp32 = Int8WeightOnlyLinear(q, scales, dtype=torch.float32, dense_rows=THRESHOLD)
+    fp32 = Int8WeightOnlyLinear(kernel.weight_int8, kernel.scales.float(), dtype=torch.float32,
+                                dense_rows=THRESHOLD)
     assert fp32.weight_dense is None and fp32.dense_rows is None  # fp32 activations: unchanged
 
 

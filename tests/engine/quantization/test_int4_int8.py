@@ -6,7 +6,6 @@ from torch import nn
 
 from engine.quantization.int4 import (Int4WeightOnlyLinear, dequantize_int4, int4_linear_reference,
                                       pack_codes, quantize_int4, unpack_codes)
-from engine.kernels.cpu import qmatmul
 from engine.quantization.int8 import Int8WeightOnlyLinear, int8_linear_reference, quantize_int8
 
 
@@ -83,26 +82,6 @@ def test_int8_module_matches_its_dequantized_reference(dtype, in_features):
     # fp32: only summation order differs; bf16: output rounding (2^-8) and bf16 scales (2^-8)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol * expected.abs().max().item())
-
-
-@pytest.mark.skipif(qmatmul.library() is None, reason="no C compiler or no AVX2/FMA/F16C here")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_module_on_the_native_kernel_computes_its_int8_activation_product(dtype):
-    """Where the CPU kernels take the shape, the per-row int8 weight moves into their layout (the
-    row's scale per block of 32, in fp16) and torch's copy is not kept."""
-    weight, bias = _weight(96, 256), torch.randn(96) * 0.1
-    q, scales = quantize_int8(weight)
-    module = Int8WeightOnlyLinear(q, scales, bias, dtype=dtype)
-    assert module.weight_int8 is None and module._native_args is not None
-    x = torch.randn(7, 256).to(dtype)
-    out = module(x)
-    assert out.dtype == dtype
-    d = scales.to(torch.float16).float()[:, None].expand(96, 256 // 32)
-    exact = qmatmul.reference(x, q, d, None, bias)  # the kernel's own arithmetic, float64
-    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
-    torch.testing.assert_close(out.float(), exact, rtol=tol, atol=tol * exact.abs().max().item())
-    dequantized = int8_linear_reference(x.float(), q, scales, bias)  # int8 activations: < 1%
-    assert ((out.float() - dequantized).norm() / dequantized.norm()).item() < 0.01
 
 
 def test_int8_quantization_is_symmetric_per_row_within_half_a_step():
