@@ -6,6 +6,7 @@ as the scheduler chunks it (``max_num_batched_tokens``). transformers (fp32, the
 dequantized) reads the same tokens in one forward, its best case.
 
     .venv/bin/python bench/prefill.py [--tokens 1024 2048 5000] [--repeats 2] [--skip-transformers]
+        [--dense-rows N]
 """
 
 from __future__ import annotations
@@ -60,10 +61,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 5000])
     ap.add_argument("--repeats", type=int, default=2, help="alternate the two this many times")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--dense-rows", type=int, default=None,
+                    help="the engine's quantization_dense_rows (default: its own, off)")
     args = ap.parse_args()
 
     # no prefix cache across repeats: each run reads its document from the first token
-    llm = LLM(args.model, enable_prefix_caching=False)
+    settings = {} if args.dense_rows is None else {"quantization_dense_rows": args.dense_rows}
+    llm = LLM(args.model, enable_prefix_caching=False, **settings)
     runner = llm.engine.runner
     print(f"{llm.engine.config.max_num_batched_tokens} tokens a step at most, {runner.dtype}, "
           f"{torch.get_num_threads()} threads")
