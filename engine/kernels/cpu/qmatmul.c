@@ -25,7 +25,7 @@
    (fewer than 16) keep the VNNI tiles. So AMX changes no bit of any result, whatever the rows.
    An int4 block is unpacked to one 8 x 64-byte B tile (the layout's 4 low-nibble then 4
    high-nibble slices are its K rows in order); an int8 block is one as stored. Measured on a
-   2-core Xeon with AMX (SmolLM2's 30 layers of int4 products): 1.2-1.3x the VNNI path at 16-64
+   2-core Xeon with AMX (SmolLM2's 30 layers of int4 products): 1.13-1.32x the VNNI path at 16-128
    rows; the float epilogue per block, not the tile products, bounds it. */
 
 #include <stdint.h>
