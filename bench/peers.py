@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from serve_compare import PY, ROOT, Services, free_port, prepare_workdir  # noqa: E402
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -53,19 +54,13 @@ NO_AMX_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_
                 "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON"]
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        return " amx_tile" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def llama_server_binary() -> Path:
     """The cached llama-server, built from the sdist the first time (10-25 minutes on 2 cores):
     native, or without AMX where the CPU has it (see NO_AMX_FLAGS)."""
     name, version = LLAMA_CPP_PYTHON.split("==")
     source = cache_dir() / f"{name.replace('-', '_')}-{version}" / "vendor" / "llama.cpp"
-    build, flags = ("build-noamx", NO_AMX_FLAGS) if _cpu_has_amx() else ("build", [])
+    from engine.cpu_info import cpu_flags
+    build, flags = ("build-noamx", NO_AMX_FLAGS) if "amx_tile" in cpu_flags() else ("build", [])
     binary = source / build / "bin" / "llama-server"
     if binary.is_file():
         return binary
@@ -162,7 +157,6 @@ def main() -> int:
     if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
         ap.error("every count must be positive")
 
-    sys.path.insert(0, str(ROOT))
     from engine.bundled import bundled_model_path
     gguf = bundled_model_path("smollm2")
     binary = llama_server_binary()

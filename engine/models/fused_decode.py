@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 import torch
 
 from engine.attention_metadata import AttentionMetadata
-from engine.kernels.cpu import decode_step, qmatmul
+from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 
 logger = logging.getLogger(__name__)
@@ -34,7 +33,7 @@ ENV = "PAGODA_FUSED_DECODE"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return build.env_switch(ENV)
 
 
 class FusedDecode:

@@ -29,8 +29,13 @@ _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
+def env_switch(name: str) -> bool:
+    """An on-by-default switch of the environment: 0, false, no or off turn it off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    return os.environ.get("PAGODA_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch("PAGODA_NATIVE_KERNELS")
 
 
 def likely_available() -> bool:

@@ -34,8 +34,6 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <omp.h>
-#include <stdlib.h>
-#include <strings.h>
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
 #define HAS_AMX 1
@@ -174,14 +172,10 @@ static void quantize_row(const char *x, int bf16, int64_t K, uint8_t *dst) {
 #if defined(HAS_AMX)
 #define AMX_ROWS 16
 
-/* The tile state is off until the process asks (Linux 5.16+): granted once, at load. PAGODA_AMX=0
-   keeps it off; pagoda_q4_set_amx switches it (tests compare the two paths). */
+/* The tile state is off until the process asks (Linux 5.16+): asked once, at load;
+   pagoda_q4_set_amx switches the tiles off and on (PAGODA_AMX=0, read by qmatmul.py; tests). */
 static int amx_on;
 __attribute__((constructor)) static void amx_init(void) {
-    const char *env = getenv("PAGODA_AMX");
-    if (env && (!strcmp(env, "0") || !strcasecmp(env, "false") || !strcasecmp(env, "no")
-                || !strcasecmp(env, "off")))
-        return;
     amx_on = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
 }
 
@@ -364,6 +358,17 @@ int pagoda_q4_amx(void) {
 #endif
 }
 
+/* acc[i] (+ bias bv) into output rows r + i, 0 <= i < R, lanes of weight group gi. */
+static inline __attribute__((always_inline)) void store_rows(const vf *acc, int R, vf bv, void *y,
+                                                             int64_t ldy, int y_bf16, int64_t r,
+                                                             int64_t gi) {
+    for (int i = 0; i < R; i++) {
+        const vf v = vf_add(acc[i], bv);
+        if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
+        else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
+    }
+}
+
 /* Rows r0..r1 of the scratch times weight group gi, ROW_TILE rows at a time, into y. */
 static inline __attribute__((always_inline)) void vnni_rows(
         int bits, const uint8_t *wg, const uint16_t *dg, const uint16_t *mg, int64_t nb,
@@ -385,11 +390,7 @@ static inline __attribute__((always_inline)) void vnni_rows(
             case 2: tile(bits, 2, wg, dg, mg, nb, a, rb, K, acc); break;
             default: tile(bits, 1, wg, dg, mg, nb, a, rb, K, acc); break;
         }
-        for (int i = 0; i < R; i++) {
-            const vf v = vf_add(acc[i], bv);
-            if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
-            else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
-        }
+        store_rows(acc, R, bv, y, ldy, y_bf16, r, gi);
     }
 }
 
@@ -421,11 +422,7 @@ static inline __attribute__((always_inline)) void matmul_team(
                     const vf bv = bias ? vf_loadu(bias + gi * G) : vf_zero();
                     for (int64_t r = m0; r < full; r += AMX_ROWS) {
                         amx_tile(bits, wg, dg, mg, nb, scratch + r * rb, rb, K, acc);
-                        for (int i = 0; i < AMX_ROWS; i++) {
-                            const vf v = vf_add(acc[i], bv);
-                            if (y_bf16) store_bf16((uint16_t *)y + (r + i) * ldy + gi * G, v);
-                            else vf_storeu((float *)y + (r + i) * ldy + gi * G, v);
-                        }
+                        store_rows(acc, AMX_ROWS, bv, y, ldy, y_bf16, r, gi);
                     }
                     /* a partial tile would leave lanes of the tile product idle: the rest of the
                        rows (fewer than 16) take the VNNI tiles, the same bits */

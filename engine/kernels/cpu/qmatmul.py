@@ -40,6 +40,8 @@ def library() -> ctypes.CDLL | None:
             lib = declare(lib)
             if lib.pagoda_q4_isa() == 0:
                 lib = None
+            elif not build.env_switch("PAGODA_AMX"):
+                lib.pagoda_q4_set_amx(0)  # the VNNI tiles only (the same bits; for A/B runs)
         _state["lib"] = lib
     return _state["lib"]
 
