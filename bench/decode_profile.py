@@ -1,10 +1,13 @@
 """Where one decode step of the engine goes: ms per step and torch.profiler's op counts.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2] [--steps 40] [--dtype float32] [--context N]
-        [--batch B] [--quantization int8]
+        [--batch B] [--quantization int8] [--split]
 
 Prints the median step time over ``--steps`` decode steps, then the ops of ``--profile-steps``
 profiled steps (calls per step and self CPU ms per step, the top rows by time and by count).
+``--split`` also times the parts of each step: the fused decode (or the model's forward), the
+vocabulary projection and the sampler, medians in ms; the rest is scheduling, inputs and outputs.
+The CPU's flags (and a PAGODA_MAX_CPU_ISA cap) are printed first.
 """
 
 from __future__ import annotations
@@ -20,10 +23,43 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
+from engine import cpu_info  # noqa: E402
+
+
+class _Split:
+    """Wall time of each call of the step's parts, by wrapping them on the live engine."""
+
+    def __init__(self, runner):
+        self.times: dict[str, list[float]] = {}
+        if runner.fused_decode is not None:
+            self._wrap("fused decode", runner.fused_decode, "run")
+        self._wrap("forward", runner.model, "forward")
+        self._wrap("vocabulary projection", runner.model, "compute_logits")
+        self._wrap("sampler", runner, "sampler")
+
+    def _wrap(self, name: str, owner, attr: str) -> None:
+        inner = getattr(owner, attr)
+        times = self.times.setdefault(name, [])
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                times.append(time.perf_counter() - t0)
+        setattr(owner, attr, timed)
+
+    def reset(self) -> None:
+        for times in self.times.values():
+            times.clear()
+
+    def report(self, steps: int) -> str:
+        return "; ".join(f"{name} {statistics.median(t) * 1e3:.2f} ms ({len(t) / steps:.1f}/step)"
+                         for name, t in self.times.items() if t)
 
 
 def _decode_steps(llm: LLM, num_steps: int, profiler=None, context: int = 0,
-                  batch: int = 1) -> list[float]:
+                  batch: int = 1, split: _Split | None = None) -> list[float]:
     """Seconds per engine step of ``batch`` greedy requests decoding together, after their
     prefills (not profiled); ``context``: each prompt is that many tokens of a repeated text
     instead of a short one."""
@@ -37,6 +73,8 @@ def _decode_steps(llm: LLM, num_steps: int, profiler=None, context: int = 0,
             temperature=0.0, max_tokens=num_steps + 1, ignore_eos=True))
     while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefills
+    if split is not None:
+        split.reset()
     if profiler is not None:
         profiler.start()
     times = []
@@ -59,14 +97,19 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: a short prompt)")
     parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
+    parser.add_argument("--split", action="store_true", help="time the step's parts too")
     args = parser.parse_args()
+    print(f"CPU: {cpu_info.describe()}")
     settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization))
                 if v is not None}
     llm = LLM(args.model, **settings)
+    split = _Split(llm.engine.runner) if args.split else None
     _decode_steps(llm, 8, context=args.context, batch=args.batch)  # warm-up
-    times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch)
+    times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch, split=split)
     print(f"decode, batch {args.batch}{f' at {args.context} tokens' if args.context else ''}: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
           f"(min {min(times) * 1e3:.1f}), torch threads {torch.get_num_threads()}")
+    if split:
+        print(f"parts (median per call): {split.report(len(times))}")
     if args.profile_steps <= 0:
         return
 

@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 HERE = pathlib.Path(__file__).resolve().parent
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 NATIVE = ("-march=native",)  # the instruction set of the machine that builds (and runs) it
+# under PAGODA_MAX_CPU_ISA (engine.cpu_info): AVX2 + FMA + F16C + BMI2 only, or all but AMX
+CAPPED = {"avx2": ("-march=x86-64-v3", "-mtune=native"),
+          "avx512": ("-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")}
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
@@ -43,8 +46,9 @@ def likely_available() -> bool:
     without building them: for estimates made before anything loads."""
     if not enabled() or not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
         return False
-    flags = set(_cpu_identity().split())
-    return {"avx2", "fma", "f16c"} <= flags
+    from engine.cpu_info import cpu_flags
+
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 def cache_dir() -> pathlib.Path:
@@ -84,9 +88,18 @@ def _compile(source: pathlib.Path, target: pathlib.Path, compiler: str, arch: tu
             os.unlink(tmp)
 
 
-def load(name: str, arch: tuple[str, ...] = NATIVE) -> ctypes.CDLL | None:
-    """The library built from ``HERE / f"{name}.c"`` for ``arch`` (compiler flags; default: this
-    machine), or None (disabled, no compiler, build failed: logged once)."""
+def default_arch() -> tuple[str, ...]:
+    """This machine's instruction set, or the part of it PAGODA_MAX_CPU_ISA leaves."""
+    from engine.cpu_info import isa_cap
+
+    cap = isa_cap()
+    return CAPPED[cap] if cap else NATIVE
+
+
+def load(name: str, arch: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+    """The library built from ``HERE / f"{name}.c"`` for ``arch`` (compiler flags; default:
+    ``default_arch()``), or None (disabled, no compiler, build failed: logged once)."""
+    arch = arch or default_arch()
     key = f"{name} {' '.join(arch)}"
     with _lock:
         if key in _loaded:
