@@ -28,6 +28,7 @@
    2-core Xeon with AMX (SmolLM2's 30 layers of int4 products): 1.13-1.32x the VNNI path at 16-128
    rows; the float epilogue per block, not the tile products, bounds it. */
 
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include <stdint.h>
 #include <string.h>
 
@@ -45,7 +46,8 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define G 16
-#define ROW_TILE 8
+#define ROW_TILE 8 /* activation rows a tile of int4 weights takes */
+#define ROW_TILE_8 8 /* of int8 weights */
 typedef __m512i vi;
 typedef __m512 vf;
 #define vi_load(p) _mm512_loadu_si512((const void *)(p))
@@ -82,7 +84,6 @@ static inline void store_bf16(uint16_t *dst, vf v) {
 }
 #else
 #define G 8
-#define ROW_TILE 4
 typedef __m256i vi;
 typedef __m256 vf;
 #define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -104,8 +105,14 @@ typedef __m256 vf;
 #define vi_sll4(x) _mm256_slli_epi32((x), 4)
 #if defined(__AVXVNNI__)
 #define HAS_VNNI 1
+#define ROW_TILE 4 /* 16 vector registers: the 8 unpacked slices and 4 rows' sums */
+#define ROW_TILE_8 4
 #define vdot(acc, w, a) _mm256_dpbusd_avx_epi32((acc), (w), (a))
 #else /* 2 products of at most 15 * 128 per 16-bit lane: maddubs never saturates */
+/* 16 vector registers, measured (AMD EPYC, AVX2): int4 8 rows 1.1x 6 rows; int8's two sums a row
+   (the nibbles apart) spill at 8: 6 rows, 1.07x 8 */
+#define ROW_TILE 8
+#define ROW_TILE_8 6
 #define vdot(acc, w, a) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (a)), _mm256_set1_epi16(1)))
 #define vmul16 _mm256_maddubs_epi16
 #define vadd16 _mm256_add_epi16
@@ -271,6 +278,13 @@ static inline __attribute__((always_inline)) void amx_tile(
 
 /* R activation rows (scratch rows at a, stride rb) times one group of G weight rows of
    ``bits`` 4 or 8. */
+static inline __attribute__((always_inline)) void block_epilogue(
+        vf *acc, vi s, vf dv, vf mv, const uint8_t *ar, int64_t b, int64_t nb, int64_t K) {
+    const float *sa = (const float *)(ar + K);
+    *acc = vf_fma(vf_cvt(s), vf_mul(dv, vf_set1(sa[b])), *acc);
+    *acc = vf_fma(mv, vf_set1(sa[nb + b]), *acc);
+}
+
 static inline __attribute__((always_inline)) void tile(
         int bits, int R, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
         const uint8_t *a, int64_t rb, int64_t K, vf *acc) {
@@ -278,46 +292,57 @@ static inline __attribute__((always_inline)) void tile(
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * 4 * bits * G;
-        vi wq[8];
-        if (bits == 4) {
-            for (int s = 0; s < 4; s++) {
-                const vi x = vi_load(wb + s * 4 * G);
-                wq[s] = vi_and(x, m4);
-                wq[s + 4] = vi_and(vi_srl4(x), m4);
-            }
-        } else {
-            for (int s = 0; s < 8; s++) wq[s] = vi_load(wb + s * 4 * G);
-        }
         const vf dv = vf_ph(d + b * G);
         const vf mv = bits == 4 ? vf_ph(mn + b * G) : vf_mul(dv, vf_set1(-128.0f));
-        for (int r = 0; r < R; r++) {
-            const uint8_t *ar = a + r * rb;
-            const int32_t *qa = (const int32_t *)(ar + b * 32);
-            const float *sa = (const float *)(ar + K);
-            vi s = vi_zero();
 #if defined(HAS_VNNI) /* u8 x s8 products summed in 32 bits: int8 codes + 128 (up to 255) too */
-            for (int g = 0; g < 8; g++) s = vdot(s, wq[g], vi_set1(qa[g]));
-#else
-            /* maddubs' 16-bit pair sums (each at most 2 x 15 x 128 = 3,840 in magnitude) added in
-               16 bits over the block's 8 slices (at most 30,720: no overflow), widened once: the
-               same exact integer as 8 widening dot products, with 1 madd instead of 8 */
-            if (bits == 4) {
-                vi p = vmul16(wq[0], vi_set1(qa[0]));
-                for (int g = 1; g < 8; g++) p = vadd16(p, vmul16(wq[g], vi_set1(qa[g])));
-                s = vwiden(p);
-            } else { /* codes up to 255 would saturate maddubs: their two nibbles multiply apart */
-                vi lo = vmul16(vi_and(wq[0], m4), vi_set1(qa[0]));
-                vi hi = vmul16(vi_and(vi_srl4(wq[0]), m4), vi_set1(qa[0]));
-                for (int g = 1; g < 8; g++) {
-                    lo = vadd16(lo, vmul16(vi_and(wq[g], m4), vi_set1(qa[g])));
-                    hi = vadd16(hi, vmul16(vi_and(vi_srl4(wq[g]), m4), vi_set1(qa[g])));
-                }
-                s = vi_add(vwiden(lo), vi_sll4(vwiden(hi)));
+        vi wq[8];
+        if (bits == 4) {
+            for (int t = 0; t < 4; t++) {
+                const vi x = vi_load(wb + t * 4 * G);
+                wq[t] = vi_and(x, m4);
+                wq[t + 4] = vi_and(vi_srl4(x), m4);
             }
-#endif
-            acc[r] = vf_fma(vf_cvt(s), vf_mul(dv, vf_set1(sa[b])), acc[r]);
-            acc[r] = vf_fma(mv, vf_set1(sa[nb + b]), acc[r]);
+        } else {
+            for (int t = 0; t < 8; t++) wq[t] = vi_load(wb + t * 4 * G);
         }
+        for (int r = 0; r < R; r++) {
+            const int32_t *qa = (const int32_t *)(a + r * rb + b * 32);
+            vi s = vi_zero();
+            for (int g = 0; g < 8; g++) s = vdot(s, wq[g], vi_set1(qa[g]));
+            block_epilogue(&acc[r], s, dv, mv, a + r * rb, b, nb, K);
+        }
+#else
+        /* maddubs' 16-bit pair sums (each at most 2 x 15 x 128 = 3,840 in magnitude) added in 16
+           bits over the block's 8 slices (at most 30,720: no overflow), widened once: the same
+           exact integer as 8 widening dot products. Slices outer, rows inner: a slice is unpacked
+           once for the R rows, whose sums stay in registers (holding the 8 unpacked slices
+           instead, as the VNNI path does, spilled AVX2's 16 registers: 1.3x slower at 32 rows). */
+        vi s[8], hs[8]; /* R <= 8 */
+        for (int r = 0; r < R; r++) s[r] = hs[r] = vi_zero();
+        if (bits == 4) {
+            for (int t = 0; t < 4; t++) {
+                const vi x = vi_load(wb + t * 4 * G);
+                const vi lo = vi_and(x, m4), hi = vi_and(vi_srl4(x), m4);
+                for (int r = 0; r < R; r++) {
+                    const int32_t *qa = (const int32_t *)(a + r * rb + b * 32);
+                    s[r] = vadd16(s[r], vadd16(vmul16(lo, vi_set1(qa[t])), vmul16(hi, vi_set1(qa[t + 4]))));
+                }
+            }
+            for (int r = 0; r < R; r++) s[r] = vwiden(s[r]);
+        } else { /* codes up to 255 would saturate maddubs: their two nibbles multiply apart */
+            for (int t = 0; t < 8; t++) {
+                const vi x = vi_load(wb + t * 4 * G);
+                const vi lo = vi_and(x, m4), hi = vi_and(vi_srl4(x), m4);
+                for (int r = 0; r < R; r++) {
+                    const vi q = vi_set1(((const int32_t *)(a + r * rb + b * 32))[t]);
+                    s[r] = vadd16(s[r], vmul16(lo, q));
+                    hs[r] = vadd16(hs[r], vmul16(hi, q));
+                }
+            }
+            for (int r = 0; r < R; r++) s[r] = vi_add(vwiden(s[r]), vi_sll4(vwiden(hs[r])));
+        }
+        for (int r = 0; r < R; r++) block_epilogue(&acc[r], s[r], dv, mv, a + r * rb, b, nb, K);
+#endif
     }
 }
 
@@ -369,22 +394,22 @@ static inline __attribute__((always_inline)) void store_rows(const vf *acc, int 
     }
 }
 
-/* Rows r0..r1 of the scratch times weight group gi, ROW_TILE rows at a time, into y. */
+/* Rows r0..r1 of the scratch times weight group gi, ROW_TILE (int8: ROW_TILE_8) rows at a time,
+   into y. */
 static inline __attribute__((always_inline)) void vnni_rows(
         int bits, const uint8_t *wg, const uint16_t *dg, const uint16_t *mg, int64_t nb,
         const uint8_t *scratch, int64_t rb, int64_t K, int64_t r0, int64_t r1, int64_t gi, vf bv,
         void *y, int64_t ldy, int y_bf16) {
-    vf acc[ROW_TILE];
-    for (int64_t r = r0; r < r1; r += ROW_TILE) {
+    vf acc[8]; /* the switch's largest tile */
+    const int64_t rt = bits == 4 ? ROW_TILE : ROW_TILE_8;
+    for (int64_t r = r0; r < r1; r += rt) {
         const uint8_t *a = scratch + r * rb;
-        const int R = r1 - r < ROW_TILE ? (int)(r1 - r) : ROW_TILE;
+        const int R = r1 - r < rt ? (int)(r1 - r) : (int)rt;
         switch (R) {
-#if ROW_TILE == 8
             case 8: tile(bits, 8, wg, dg, mg, nb, a, rb, K, acc); break;
             case 7: tile(bits, 7, wg, dg, mg, nb, a, rb, K, acc); break;
             case 6: tile(bits, 6, wg, dg, mg, nb, a, rb, K, acc); break;
             case 5: tile(bits, 5, wg, dg, mg, nb, a, rb, K, acc); break;
-#endif
             case 4: tile(bits, 4, wg, dg, mg, nb, a, rb, K, acc); break;
             case 3: tile(bits, 3, wg, dg, mg, nb, a, rb, K, acc); break;
             case 2: tile(bits, 2, wg, dg, mg, nb, a, rb, K, acc); break;
