@@ -32,6 +32,11 @@ logger = logging.getLogger(__name__)
 # Embedded workers answer every request within the drain timeout; this covers the last replies.
 WORKER_GRACE_S = 5.0
 CANCEL_GRACE_S = 5.0  # after cancelling a generation's task, how long it gets to record its usage
+# A generation leaves the list once its usage is recorded, a moment before its view's response
+# (a 503 worker_lost, say) reaches Daphne: Daphne's own trigger, next, cancels every application
+# instance, so without this pause a loaded machine dropped that response (a connection error in a
+# CI run). Paid only when something was running at the SIGTERM.
+FLUSH_GRACE_S = 1.0
 _registered = False
 _shutting_down = False
 
@@ -123,9 +128,12 @@ async def drain(timeout_s: float) -> None:
         workers = asyncio.get_running_loop().run_in_executor(None, stop_embedded_workers, timeout_s)
     try:
         grace = timeout_s + (WORKER_GRACE_S if workers is not None else 0.0)
+        were_running = bool(_running)
         cut = await drain_running(grace)
         if workers is not None:
             await workers
+        if were_running:  # their responses on their way to Daphne (FLUSH_GRACE_S)
+            await asyncio.sleep(FLUSH_GRACE_S)
     except Exception:  # the server is stopping either way
         logger.exception("draining at shutdown failed")
         return
