@@ -1,7 +1,7 @@
 """Where one decode step of the engine goes: ms per step and torch.profiler's op counts.
 
     .venv/bin/python bench/decode_profile.py [--model smollm2] [--steps 40] [--dtype float32] [--context N]
-        [--batch B] [--quantization int8] [--split]
+        [--batch B] [--quantization int8] [--kv-cache-dtype bfloat16] [--split]
 
 Prints the median step time over ``--steps`` decode steps, then the ops of ``--profile-steps``
 profiled steps (calls per step and self CPU ms per step, the top rows by time and by count).
@@ -94,14 +94,15 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=10, help="0: time only")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--quantization", default=None, help="the engine's setting (default: auto)")
+    parser.add_argument("--kv-cache-dtype", default=None, help="the engine's setting (default: auto)")
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: a short prompt)")
     parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
     parser.add_argument("--split", action="store_true", help="time the step's parts too")
     args = parser.parse_args()
     print(f"CPU: {cpu_info.describe()}")
-    settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization))
-                if v is not None}
+    settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization),
+                                  ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None}
     llm = LLM(args.model, **settings)
     split = _Split(llm.engine.runner) if args.split else None
     _decode_steps(llm, 8, context=args.context, batch=args.batch)  # warm-up

@@ -20,9 +20,11 @@ CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkp
 # safetensors checkpoint as it is, float as stored); none (or None): float weights; int8 / int4:
 # quantize the projections at load.
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# auto: K/V stored in the activation dtype; int8 / fp8_e4m3: codes with one float32 scale per
-# (token, KV head), written with the token (engine/layers/kv_quant.py says why).
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+# auto: K/V stored in the activation dtype (resolve_kv_cache_dtype says where not); bfloat16: bf16
+# whatever the activations; int8 / fp8_e4m3: codes with one float32 scale per (token, KV head),
+# written with the token (engine/layers/kv_quant.py says why).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8_e4m3")
+
 CONVERT_QUANTIZATIONS = ("int8", "int4")  # what `python -m engine convert` writes
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 # Rows of a step from which a quantized projection multiplies a dense bf16 copy of its weight
@@ -38,6 +40,18 @@ DEFAULT_QUANTIZATION_DENSE_ROWS = None
 # On CPU the default KV pool holds max_num_seqs x max_model_len tokens, at most this fraction
 # of the machine's memory.
 CPU_KV_CACHE_MEMORY_FRACTION = 0.1
+
+
+def resolve_kv_cache_dtype(setting: str, activation_dtype: str, device_type: str, *,
+                           quantized: bool, use_triton: bool) -> str:
+    """What the pool stores for a kv_cache_dtype setting: auto is the activation dtype, except on
+    a CPU computing float32 over quantized projections (the fast path where bf16 is not fast,
+    already rounding its weights and activations), where it is bfloat16: attention there reads
+    the pool from memory every step, and bf16 halves those bytes and the pool's size."""
+    if (setting == "auto" and device_type == "cpu" and activation_dtype == "float32" and quantized
+            and not use_triton):
+        return "bfloat16"
+    return setting
 
 
 @dataclass(frozen=True)
@@ -129,7 +143,9 @@ class EngineConfig:
                            choices=("auto", "cpu", "cuda"), pattern=r"cuda:\d+")
     block_size: int = _setting(16, "tokens per KV cache block", choices=BLOCK_SIZES)
     kv_cache_dtype: str = _setting(
-        "auto", "what the KV cache stores; auto: the activation dtype; int8 / fp8_e4m3: 8-bit codes "
+        "auto", "what the KV cache stores; auto: the activation dtype (bfloat16 on a CPU computing "
+        "float32 over quantized projections); bfloat16: bf16 whatever the "
+        "activations (float32 ones: half the pool's bytes, read back as float32); int8 / fp8_e4m3: 8-bit codes "
         "with a float32 scale per token and KV head, so the same memory holds about twice the "
         "tokens of bf16 (four times float32's); fp8_e4m3 on CUDA only", str, choices=KV_CACHE_DTYPES)
     kv_cache_memory: int | None = _setting(

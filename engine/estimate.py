@@ -32,7 +32,7 @@ from pathlib import Path
 
 from engine import cpu_info
 from engine.kernels.cpu import build as native_kernels
-from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
+from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig, resolve_kv_cache_dtype
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.models.registry import checkpoint_format, resolve_model_path
 
@@ -168,12 +168,16 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     weights += arch.max_position * rope_width * 4  # the float32 RoPE table, one per model
 
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
+    use_triton = config.use_triton if config.use_triton is not None else device != "cpu"
+    kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device,
+                                            quantized=layouts["int4"] + layouts["int8"] > 0,
+                                            use_triton=use_triton)
     kv_per_token = (2 * arch.num_layers * (arch.num_kv_heads // tp)
-                    * kv_bytes_per_token_head(config.kv_cache_dtype, arch.head_dim, elem))
+                    * kv_bytes_per_token_head(kv_cache_dtype, arch.head_dim, elem))
     kv_tokens = _kv_tokens(config, device, kv_per_token, max_model_len, device_memory_bytes,
                            weights)
     kv_bytes = kv_tokens * kv_per_token
-    activations = _activation_bytes(config, arch, tp, elem, kv_tokens)
+    activations = _activation_bytes(config, kv_cache_dtype, arch, tp, elem, kv_tokens)
     return Estimate(weights_bytes=int(weights), kv_cache_bytes=int(kv_bytes),
                     activation_bytes=int(activations), reader_bytes=int(reader_bytes),
                     tokenizer_bytes=arch.vocab_size * TOKENIZER_BYTES_PER_TOKEN,
@@ -182,9 +186,13 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
 
 def kv_bytes_per_token_head(kv_cache_dtype: str, head_dim: int, elem: int) -> int:
     """Bytes of one token's K (or V) row of one KV head in the pool: head_dim elements of the
-    activation dtype (``elem`` bytes), or 8-bit codes and a float32 scale (kv_cache_dtype int8 /
-    fp8_e4m3, engine/layers/kv_quant.py)."""
-    return head_dim * elem if kv_cache_dtype == "auto" else head_dim + KV_SCALE_BYTES
+    activation dtype (``elem`` bytes; kv_cache_dtype bfloat16: 2 bytes), or 8-bit codes and a
+    float32 scale (kv_cache_dtype int8 / fp8_e4m3, engine/layers/kv_quant.py)."""
+    if kv_cache_dtype == "auto":
+        return head_dim * elem
+    if kv_cache_dtype == "bfloat16":
+        return head_dim * 2
+    return head_dim + KV_SCALE_BYTES
 
 
 def _activation_dtype(name: str, device: str) -> str:
@@ -235,7 +243,8 @@ def _kv_tokens(config: EngineConfig, device: str, kv_per_token: int, max_model_l
     return max(0, min(budget // (kv_per_token * block), ceiling)) * block
 
 
-def _activation_bytes(config: EngineConfig, arch: _Arch, tp: int, elem: int, kv_tokens: int) -> int:
+def _activation_bytes(config: EngineConfig, kv_cache_dtype: str, arch: _Arch, tp: int, elem: int,
+                      kv_tokens: int) -> int:
     tokens, rows = config.max_num_batched_tokens, min(config.max_num_seqs, config.max_num_batched_tokens)
     heads, kv_heads = arch.num_heads // tp, arch.num_kv_heads // tp
     per_token = (3 * arch.hidden_size  # residual, normed input, attention/MLP output
@@ -245,7 +254,9 @@ def _activation_bytes(config: EngineConfig, arch: _Arch, tp: int, elem: int, kv_
     logits = rows * arch.vocab_size * 4 * LOGITS_COPIES
     gathered = min(kv_tokens, tokens + rows * config.block_size) * kv_heads
     attention = 2 * gathered * arch.head_dim * elem
-    if config.kv_cache_dtype != "auto":  # the gathered codes and scales, before dequantizing
+    if kv_cache_dtype == "bfloat16" and elem != 2:  # gathered in bf16, then widened
+        attention += 2 * gathered * arch.head_dim * 2
+    elif kv_cache_dtype not in ("auto", "bfloat16"):  # the gathered codes and scales, before dequantizing
         attention += 2 * gathered * (arch.head_dim + KV_SCALE_BYTES)
     return tokens * per_token * elem + logits + attention
 

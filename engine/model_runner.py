@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import cpu_info
-from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
+from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig, resolve_kv_cache_dtype
 from engine.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
@@ -103,6 +103,11 @@ class ModelRunner:
                 and torch.cuda.get_device_capability(self.device) < (8, 9)):
             raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 in the Triton kernels needs a GPU "
                                         "of compute capability 8.9 or later (Ada, Hopper); use int8")
+        if (config.kv_cache_dtype == "bfloat16" and self.use_triton
+                and self.dtype != torch.bfloat16):
+            raise InvalidParameterError("kv_cache_dtype", "bfloat16 under float32 activations is "
+                                        "the torch path's; the Triton kernels read the pool in the "
+                                        "activation dtype: use dtype bfloat16 (the same cache)")
         with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
                 self.tp_group):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
@@ -116,6 +121,9 @@ class ModelRunner:
             quantization = None
         self.quantization_plan = plan_layouts(self.model, native, quantization,
                                               config.quantization_group_size)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(  # what the pool stores (auto resolved)
+            config.kv_cache_dtype, str(self.dtype).removeprefix("torch."), self.device.type,
+            quantized=bool(self.quantization_plan), use_triton=self.use_triton)
         dense_rows = self._dense_rows()
         if weights is None:
             _init_random_weights(self.model, config.seed)
@@ -188,7 +196,7 @@ class ModelRunner:
         kvh, layers = cfg.num_key_value_heads // self.tp, cfg.num_hidden_layers
         shape = kv_cache_shape(self.num_blocks, self.block_size, kvh, cfg.head_dim)
         codes = self._kv_code_dtype()
-        pool = lazy_zeros((2, layers, *shape), codes or self.dtype, self.device)
+        pool = lazy_zeros((2, layers, *shape), codes or self.kv_dtype, self.device)
         if codes is None:
             return pool, None, [(pool[0, i], pool[1, i]) for i in range(layers)]
         scales = lazy_zeros((2, layers, *kv_quant.scale_shape(self.num_blocks, self.block_size, kvh)),
@@ -197,21 +205,27 @@ class ModelRunner:
                               for i in range(layers)]
 
     def _kv_code_dtype(self) -> torch.dtype | None:
-        return kv_quant.code_dtype(self.config.kv_cache_dtype)
+        return kv_quant.code_dtype(self.kv_cache_dtype)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What a plain (not 8-bit) pool stores: bf16 when asked, else the activation dtype."""
+        return torch.bfloat16 if self.kv_cache_dtype == "bfloat16" else self.dtype
 
     def _kv_storage(self) -> str:
         """The pool's element type in words, for the start-up log."""
         codes = self._kv_code_dtype()
         if codes is None:
-            return str(self.dtype).removeprefix("torch.")
-        return (f"{self.config.kv_cache_dtype} codes + float32 scale per token and KV head, "
+            stored = str(self.kv_dtype).removeprefix("torch.")
+            return stored if self.kv_dtype == self.dtype else f"{stored}, read as {str(self.dtype).removeprefix('torch.')}"
+        return (f"{self.kv_cache_dtype} codes + float32 scale per token and KV head, "
                 f"dequantized to {str(self.dtype).removeprefix('torch.')}")
 
     @property
     def bytes_per_block(self) -> int:
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        per_head = kv_bytes_per_token_head(self.config.kv_cache_dtype, cfg.head_dim, elem)
+        per_head = kv_bytes_per_token_head(self.kv_cache_dtype, cfg.head_dim, elem)
         return 2 * cfg.num_hidden_layers * (cfg.num_key_value_heads // self.tp) * per_head * self.block_size
 
     @property

@@ -80,6 +80,8 @@ class PagedAttention(nn.Module):
         num_blocks, block_size, kvh, d = k_cache.shape
         k_flat = k_cache.view(num_blocks * block_size, kvh, d)  # [slots, KVH, D]
         v_flat = v_cache.view(num_blocks * block_size, kvh, d)
+        if k_cache.dtype != q.dtype:  # kv_cache_dtype bfloat16 under float32 activations
+            return self._forward_widened(q, k, v, k_flat, v_flat, kv_cache, meta)
         k_flat.index_copy_(0, meta.slot_mapping, k)
         v_flat.index_copy_(0, meta.slot_mapping, v)
 
@@ -97,6 +99,30 @@ class PagedAttention(nn.Module):
         for g in meta.decode_groups:
             rows = slice(n + g.row_start, n + g.row_end)
             out[rows] = self._decode(q[rows], k_cache, v_cache, g, meta.workspace)
+        return out
+
+    def _forward_widened(self, q, k, v, k_flat, v_flat, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """forward over a pool narrower than the activations (bf16 under float32): K/V are
+        stored rounded, and every read widens what was stored, this step's own tokens included,
+        as the 8-bit cache does, so an answer does not depend on which of its tokens were cached
+        before the step (and the fused CPU decode step, which reads the pool, agrees)."""
+        k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
+        k_flat.index_copy_(0, meta.slot_mapping, k)
+        v_flat.index_copy_(0, meta.slot_mapping, v)
+        n = meta.num_prefill_tokens
+        if n == 0 and len(meta.decode_groups) == 1:
+            return self._decode(q, *kv_cache, meta.decode_groups[0], meta.workspace)
+        out = torch.empty_like(q)
+        for p in meta.prefills:
+            rows = slice(p.query_start, p.query_start + p.query_len)
+            if p.context_slots is None:
+                out[rows] = self._prefill(q[rows], k[rows].to(q.dtype), v[rows].to(q.dtype), 0)
+            else:
+                out[rows] = self._prefill(q[rows], k_flat[p.context_slots].to(q.dtype),
+                                          v_flat[p.context_slots].to(q.dtype), p.context_len - p.query_len)
+        for g in meta.decode_groups:
+            rows = slice(n + g.row_start, n + g.row_end)
+            out[rows] = self._decode(q[rows], *kv_cache, g, meta.workspace)
         return out
 
     def _forward_quantized(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -155,12 +181,16 @@ class PagedAttention(nn.Module):
             k_buf, v_buf = kv_quant.gather_blocks(quantized, g.flat_block_ids, q.dtype, workspace)
         else:
             _, block_size, kvh, d = k_cache.shape
-            if g.block_run_start is not None and (k_cache.dtype == torch.float32 or self._long_run(
-                    k_cache.dtype, g.context_len, kvh)):
+            widen = k_cache.dtype != q.dtype  # a bf16 pool under float32: gathered, then widened
+            if not widen and g.block_run_start is not None and (
+                    k_cache.dtype == torch.float32 or self._long_run(k_cache.dtype, g.context_len, kvh)):
                 return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
             k_buf, v_buf = workspace.pair((g.flat_block_ids.shape[0], block_size, kvh, d), k_cache.dtype)
             torch.index_select(k_cache, 0, g.flat_block_ids, out=k_buf)
             torch.index_select(v_cache, 0, g.flat_block_ids, out=v_buf)
+            if widen:
+                k_wide, v_wide = workspace.pair(tuple(k_buf.shape), q.dtype, name="widened")
+                k_buf, v_buf = k_wide.copy_(k_buf), v_wide.copy_(v_buf)
         length = g.flat_block_ids.shape[0] // b * block_size
         if b == 1 and k_buf.dtype == torch.float32:  # gathered blocks are a run: the same bits
             return self._decode_one_run(q, k_buf, v_buf, 0, g.context_len)

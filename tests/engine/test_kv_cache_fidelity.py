@@ -20,7 +20,8 @@ def test_int8_kv_cache_agrees_with_transformers_fp32_like_the_default_cache(smol
     scores = {}
     for kv in ("auto", "int8"):
         llm = LLM(str(smollm2_path), max_model_len=1024, max_num_seqs=8, kv_cache_dtype=kv)
-        assert llm.engine.runner.kv_pool.dtype == (torch.int8 if kv == "int8" else llm.engine.runner.dtype)
+        # auto: bf16 (the activations' dtype, or bf16 under float32: resolve_kv_cache_dtype)
+        assert llm.engine.runner.kv_pool.dtype == (torch.int8 if kv == "int8" else torch.bfloat16)
         scores[kv] = total = chat_fidelity(llm)
         print(f"kv_cache_dtype {kv}: fidelity over {total.num_tokens} tokens: top-1 {total.top1:.1%}, "
               f"top-5 {total.top5:.1%}")
