@@ -7,6 +7,7 @@ Screenshots: test-artifacts/chat-reattach-*.png.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -72,6 +73,10 @@ def test_a_reload_mid_answer_continues_the_answer_which_ends_complete_and_stored
     # The reloaded page shows the answer so far, still being written, and the sidebar marks it.
     expect(page.locator(".message.assistant.streaming")).to_have_count(1)
     expect(page.locator(".conv.active .running-mark")).to_have_count(1)
+    # the reattached stream fills the body a moment after the message appears (it was read
+    # empty on a CI run): wait for the answer so far, then take it
+    expect(page.locator(".message.assistant .body")).to_have_text(
+        re.compile(r"^\s*" + re.escape(before_reload[:40])), use_inner_text=True)
     resumed = page.locator(".message.assistant .body").inner_text()
     assert resumed.startswith(before_reload[:40]), (before_reload, resumed)
     page.screenshot(path=str(artifacts_dir / "chat-reattach-resumed.png"))
