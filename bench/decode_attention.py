@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine.attention_metadata import DecodeGroup  # noqa: E402
-from engine.layers import attention  # noqa: E402
+from engine.layers import attention, kv_access  # noqa: E402
 from engine.layers.attention import PagedAttention, Workspace  # noqa: E402
 
 
@@ -45,6 +45,7 @@ def main() -> int:
     attn = PagedAttention(args.heads, args.kv_heads, d)
     k_cache, v_cache = torch.randn(2, pool_blocks, bs, args.kv_heads, d, dtype=torch.bfloat16).unbind(0)
     workspace = Workspace(torch.device("cpu"))
+    pool = kv_access.pool_access((k_cache, v_cache), torch.bfloat16)
     threshold = attention.LONG_DECODE_CONTEXT
     print(f"{'threads':>7}{'tokens':>8}{'gathered SDPA us':>18}{'long-run GEMM us':>18}{'speed-up':>10}")
     for threads in args.threads:
@@ -57,7 +58,7 @@ def main() -> int:
             q = torch.randn(1, args.heads, d, dtype=torch.bfloat16)
 
             def step():
-                return attn._decode(q, k_cache, v_cache, group, workspace)
+                return attn._decode(q, pool, group, workspace)
 
             timings = {"sdpa": [], "gemm": []}
             for _ in range(args.repeats):  # alternated

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
-from engine.layers import kv_quant
+from engine.layers import kv_access
 
 
 # From this many cached tokens a lone bf16 stream's decode attention uses _decode_long_run.
@@ -74,79 +74,22 @@ class PagedAttention(nn.Module):
         """
         if self.use_triton:
             return self._forward_triton(q, k, v, kv_cache, meta)
-        if kv_quant.is_quantized(kv_cache):
-            return self._forward_quantized(q, k, v, kv_cache, meta)
-        k_cache, v_cache = kv_cache
-        num_blocks, block_size, kvh, d = k_cache.shape
-        k_flat = k_cache.view(num_blocks * block_size, kvh, d)  # [slots, KVH, D]
-        v_flat = v_cache.view(num_blocks * block_size, kvh, d)
-        if k_cache.dtype != q.dtype:  # kv_cache_dtype bfloat16 under float32 activations
-            return self._forward_widened(q, k, v, k_flat, v_flat, kv_cache, meta)
-        k_flat.index_copy_(0, meta.slot_mapping, k)
-        v_flat.index_copy_(0, meta.slot_mapping, v)
-
+        pool = kv_access.pool_access(kv_cache, q.dtype)
+        pool.write(k, v, meta.slot_mapping)
         n = meta.num_prefill_tokens
         if n == 0 and len(meta.decode_groups) == 1:  # e.g. one stream decoding: no output copy
-            return self._decode(q, k_cache, v_cache, meta.decode_groups[0], meta.workspace)
+            return self._decode(q, pool, meta.decode_groups[0], meta.workspace)
         out = torch.empty_like(q)
         for p in meta.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
             if p.context_slots is None:  # the chunk is the whole context: attend to it directly
-                out[rows] = self._prefill(q[rows], k[rows], v[rows], 0)
+                out[rows] = self._prefill(q[rows], *pool.step_rows(rows), 0)
             else:
-                out[rows] = self._prefill(q[rows], k_flat[p.context_slots], v_flat[p.context_slots],
+                out[rows] = self._prefill(q[rows], *pool.context(p.context_slots),
                                           p.context_len - p.query_len)
         for g in meta.decode_groups:
             rows = slice(n + g.row_start, n + g.row_end)
-            out[rows] = self._decode(q[rows], k_cache, v_cache, g, meta.workspace)
-        return out
-
-    def _forward_widened(self, q, k, v, k_flat, v_flat, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """forward over a pool narrower than the activations (bf16 under float32): K/V are
-        stored rounded, and every read widens what was stored, this step's own tokens included,
-        as the 8-bit cache does, so an answer does not depend on which of its tokens were cached
-        before the step (and the fused CPU decode step, which reads the pool, agrees)."""
-        k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
-        k_flat.index_copy_(0, meta.slot_mapping, k)
-        v_flat.index_copy_(0, meta.slot_mapping, v)
-        n = meta.num_prefill_tokens
-        if n == 0 and len(meta.decode_groups) == 1:
-            return self._decode(q, *kv_cache, meta.decode_groups[0], meta.workspace)
-        out = torch.empty_like(q)
-        for p in meta.prefills:
-            rows = slice(p.query_start, p.query_start + p.query_len)
-            if p.context_slots is None:
-                out[rows] = self._prefill(q[rows], k[rows].to(q.dtype), v[rows].to(q.dtype), 0)
-            else:
-                out[rows] = self._prefill(q[rows], k_flat[p.context_slots].to(q.dtype),
-                                          v_flat[p.context_slots].to(q.dtype), p.context_len - p.query_len)
-        for g in meta.decode_groups:
-            rows = slice(n + g.row_start, n + g.row_end)
-            out[rows] = self._decode(q[rows], *kv_cache, g, meta.workspace)
-        return out
-
-    def _forward_quantized(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """forward over an 8-bit cache. Every read is of dequantized cache values, this step's
-        own tokens included, so an answer does not depend on which of its tokens were cached
-        (prefix cache, chunking) before the step; decode always gathers (no pool views)."""
-        step = kv_quant.write(kv_cache, k, v, meta.slot_mapping)
-        n = meta.num_prefill_tokens
-        if n == 0 and len(meta.decode_groups) == 1:
-            return self._decode(q, None, None, meta.decode_groups[0], meta.workspace, kv_cache)
-        out = torch.empty_like(q)
-        if any(p.context_slots is None for p in meta.prefills):  # the cached values, [T, KVH, D]
-            k = kv_quant.dequantize(step[0], step[1], q.dtype)
-            v = kv_quant.dequantize(step[2], step[3], q.dtype)
-        for p in meta.prefills:
-            rows = slice(p.query_start, p.query_start + p.query_len)
-            if p.context_slots is None:
-                out[rows] = self._prefill(q[rows], k[rows], v[rows], 0)
-            else:
-                k_ctx, v_ctx = kv_quant.read_slots(kv_cache, p.context_slots, q.dtype)
-                out[rows] = self._prefill(q[rows], k_ctx, v_ctx, p.context_len - p.query_len)
-        for g in meta.decode_groups:
-            rows = slice(n + g.row_start, n + g.row_end)
-            out[rows] = self._decode(q[rows], None, None, g, meta.workspace, kv_cache)
+            out[rows] = self._decode(q[rows], pool, g, meta.workspace)
         return out
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
@@ -170,27 +113,15 @@ class PagedAttention(nn.Module):
                                                enable_gqa=self.group > 1)
         return o[0].transpose(0, 1)
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None,
-                g, workspace: Workspace, quantized: tuple | None = None) -> torch.Tensor:
-        """q: [B, H, D], one token per sequence, attending to its whole cached context.
-
-        quantized: an 8-bit layer cache (k_cache, v_cache None), dequantized on the gather."""
+    def _decode(self, q: torch.Tensor, pool: kv_access.FloatPool | kv_access.QuantizedPool, g,
+                workspace: Workspace) -> torch.Tensor:
+        """q: [B, H, D], one token per sequence, attending to its whole cached context."""
         b = q.shape[0]
-        if quantized is not None:
-            _, block_size, kvh, d = quantized[0].shape
-            k_buf, v_buf = kv_quant.gather_blocks(quantized, g.flat_block_ids, q.dtype, workspace)
-        else:
-            _, block_size, kvh, d = k_cache.shape
-            widen = k_cache.dtype != q.dtype  # a bf16 pool under float32: gathered, then widened
-            if not widen and g.block_run_start is not None and (
-                    k_cache.dtype == torch.float32 or self._long_run(k_cache.dtype, g.context_len, kvh)):
-                return self._decode_one_run(q, k_cache, v_cache, g.block_run_start, g.context_len)
-            k_buf, v_buf = workspace.pair((g.flat_block_ids.shape[0], block_size, kvh, d), k_cache.dtype)
-            torch.index_select(k_cache, 0, g.flat_block_ids, out=k_buf)
-            torch.index_select(v_cache, 0, g.flat_block_ids, out=v_buf)
-            if widen:
-                k_wide, v_wide = workspace.pair(tuple(k_buf.shape), q.dtype, name="widened")
-                k_buf, v_buf = k_wide.copy_(k_buf), v_wide.copy_(v_buf)
+        block_size, kvh, d = pool.block_size, pool.kvh, pool.d
+        if pool.direct is not None and g.block_run_start is not None and (
+                q.dtype == torch.float32 or self._long_run(q.dtype, g.context_len, kvh)):
+            return self._decode_one_run(q, *pool.direct, g.block_run_start, g.context_len)
+        k_buf, v_buf = pool.gather(g.flat_block_ids, workspace)
         length = g.flat_block_ids.shape[0] // b * block_size
         if b == 1 and k_buf.dtype == torch.float32:  # gathered blocks are a run: the same bits
             return self._decode_one_run(q, k_buf, v_buf, 0, g.context_len)

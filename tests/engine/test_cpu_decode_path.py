@@ -7,6 +7,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from engine.attention_metadata import AttentionMetadata, DecodeGroup
 from engine.layers.attention import LONG_DECODE_CONTEXT, PagedAttention, Workspace
+from engine.layers.kv_access import pool_access
 from engine.layers.rotary import RotaryEmbedding
 
 H, KVH, D, BLOCK = 6, 2, 16, 4
@@ -18,7 +19,7 @@ def _decode(attn, q, k_cache, v_cache, blocks, context_len, run_start):
     group = DecodeGroup(0, 1, torch.tensor(blocks[:num_blocks]), mask, run_start, context_len)
     meta = AttentionMetadata(slot_mapping=torch.tensor([-1]), num_prefill_tokens=0, num_decode_tokens=1,
                              decode_groups=[group], workspace=Workspace(torch.device("cpu")))
-    return attn._decode(q, k_cache, v_cache, group, meta.workspace)
+    return attn._decode(q, pool_access((k_cache, v_cache), q.dtype), group, meta.workspace)
 
 
 def test_one_run_view_attends_like_the_gathered_blocks():
