@@ -19,16 +19,15 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from webapp.chat.routing import websocket_urlpatterns as chat_websocket_urlpatterns  # noqa: E402
+from webapp.config.shutdown import count_http_exchanges, drain_on_server_shutdown  # noqa: E402
 
 websocket_urlpatterns: list = [*chat_websocket_urlpatterns]
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": count_http_exchanges(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
-
-from webapp.config.shutdown import drain_on_server_shutdown  # noqa: E402
 
 drain_on_server_shutdown()

@@ -14,7 +14,9 @@ Our trigger, registered when the ASGI application is imported (before Daphne reg
 3. the generations still running after the drain timeout (API requests and chat turns alike,
    all listed here with ``track``) are cancelled, which records them as aborted; one that does
    not record itself within CANCEL_GRACE_S is ended from here by its ``cut``, so that every
-   accepted request has its usage record before the process exits.
+   accepted request has its usage record before the process exits;
+4. the drain returns (and Daphne's trigger may cancel the application instances) only once every
+   HTTP exchange has handed its response's last message to Daphne (``count_http_exchanges``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ logger = logging.getLogger(__name__)
 WORKER_GRACE_S = 5.0
 CANCEL_GRACE_S = 5.0  # after cancelling a generation's task, how long it gets to record its usage
 # A generation leaves the list once its usage is recorded, a moment before its view's response
-# (a 503 worker_lost, say) reaches Daphne: Daphne's own trigger, next, cancels every application
-# instance, so without this pause a loaded machine dropped that response (a connection error in a
-# CI run). Paid only when something was running at the SIGTERM.
-FLUSH_GRACE_S = 1.0
+# (a 503 worker_lost, say) has been handed to Daphne, whose own trigger, next, cancels every
+# application instance (a loaded machine dropped such a response: a connection error in a CI
+# run). So the drain ends only once no HTTP exchange is still inside the application
+# (``count_http_exchanges``), for at most this long.
+FLUSH_LIMIT_S = 5.0
 _registered = False
 _shutting_down = False
+_http_exchanges = 0  # HTTP requests whose application call has not returned (response not all sent)
 
 
 @dataclass
@@ -75,11 +79,30 @@ def untrack(request_id: str, entry: Running | None = None) -> None:
         _running.pop(request_id, None)
 
 
-async def _wait_until_none_running(timeout_s: float) -> None:
+def count_http_exchanges(app):
+    """The ASGI HTTP application, counted in ``_http_exchanges`` while each call runs: Django's
+    handler returns once it has passed the response's last message to the server's ``send``."""
+
+    async def counted(scope, receive, send):
+        global _http_exchanges
+        _http_exchanges += 1
+        try:
+            return await app(scope, receive, send)
+        finally:
+            _http_exchanges -= 1
+
+    return counted
+
+
+async def _wait_until(done: Callable[[], bool], timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while _running and loop.time() < deadline:
+    while not done() and loop.time() < deadline:
         await asyncio.sleep(0.05)
+
+
+async def _wait_until_none_running(timeout_s: float) -> None:
+    await _wait_until(lambda: not _running, timeout_s)
 
 
 async def drain_running(timeout_s: float) -> int:
@@ -128,12 +151,10 @@ async def drain(timeout_s: float) -> None:
         workers = asyncio.get_running_loop().run_in_executor(None, stop_embedded_workers, timeout_s)
     try:
         grace = timeout_s + (WORKER_GRACE_S if workers is not None else 0.0)
-        were_running = bool(_running)
         cut = await drain_running(grace)
         if workers is not None:
             await workers
-        if were_running:  # their responses on their way to Daphne (FLUSH_GRACE_S)
-            await asyncio.sleep(FLUSH_GRACE_S)
+        await _wait_until(lambda: _http_exchanges == 0, FLUSH_LIMIT_S)  # the last responses' sends
     except Exception:  # the server is stopping either way
         logger.exception("draining at shutdown failed")
         return
