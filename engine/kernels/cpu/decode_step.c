@@ -13,7 +13,8 @@
    either implementation).
 
    Every output element's operations depend only on its own row: norms and activations per row,
-   attention per (row, query head) in one thread, the products through qmatmul.c's row-invariant
+   attention per (row, query head) in one thread (a KV head's query heads together, each with
+   its own arithmetic), the products through qmatmul.c's row-invariant
    tiles. So a sequence's tokens do not depend on the batch, the thread count or where its blocks
    lie in the pool. All threads run the whole step in one parallel region, with a barrier
    between phases (an OpenMP fork per product cost more than the work of a small layer). */
@@ -109,67 +110,116 @@ static void rotate(float *x, const float *cs, int64_t D) {
     for (int64_t i = half; i < D; i++) x[i] = tmp[i] * cs[i] + tmp[i - half] * cs[D + i];
 }
 
-static inline float dot_kv(const float *q, const void *k, int64_t D, int bf16) {
-    float s = 0.0f;
-    if (bf16) {
-        const uint16_t *kb = (const uint16_t *)k;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < D; i++) s += q[i] * bf16_to_f32(kb[i]);
-    } else {
-        const float *kf = (const float *)k;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < D; i++) s += q[i] * kf[i];
-    }
-    return s;
+/* Most query heads attend() takes at once; a larger group is split into chunks of this many. */
+#define PG_MAX_GROUP 8
+
+/* One K or V row [D] of the pool as float32: the row itself (float32 pool) or widened into buf. */
+static inline __attribute__((always_inline)) const float *kv_row(const char *p, int bf16, float *buf,
+                                                                  const int64_t D) {
+    if (!bf16) return (const float *)p;
+    const uint16_t *b = (const uint16_t *)p;
+#pragma omp simd
+    for (int64_t i = 0; i < D; i++) buf[i] = bf16_to_f32(b[i]);
+    return buf;
 }
 
-static inline void axpy_kv(float *acc, float p, const void *v, int64_t D, int bf16) {
-    if (bf16) {
-        const uint16_t *vb = (const uint16_t *)v;
+/* q . k over D (a multiple of PG_LANES, or not) in PG_LANES partial sums, added pairwise at the
+   end: a simd reduction's lanes were added one after another, a chain of 16 dependent adds per
+   token that bound attention. */
+#define PG_LANES 16
+static inline __attribute__((always_inline)) float dot(const float *q, const float *k, const int64_t D) {
+    float part[PG_LANES] = {0.0f};
+    int64_t i = 0;
+    for (; i + PG_LANES <= D; i += PG_LANES) {
 #pragma omp simd
-        for (int64_t i = 0; i < D; i++) acc[i] += p * bf16_to_f32(vb[i]);
-    } else {
-        const float *vf = (const float *)v;
-#pragma omp simd
-        for (int64_t i = 0; i < D; i++) acc[i] += p * vf[i];
+        for (int64_t l = 0; l < PG_LANES; l++) part[l] = fmaf(q[i + l], k[i + l], part[l]);
     }
+    for (int64_t l = 0; i < D; i++, l++) part[l] = fmaf(q[i], k[i], part[l]);
+    for (int64_t w = PG_LANES / 2; w > 0; w /= 2) {
+#pragma omp simd
+        for (int64_t l = 0; l < w; l++) part[l] += part[l + w];
+    }
+    return part[0];
 }
 
-/* One query head q [D] (already scaled) over its sequence's ctx cached tokens of one KV head:
-   softmax(q K^T) V into out [D], a block of the table at a time (online softmax). */
-static void attend(const float *q, const pg_layer *L, const pg_shape *s, const int32_t *table,
-                   int64_t ctx, int64_t kvh, float *out) {
-    const int64_t D = s->head_dim, bs = s->block_size, row = s->kv_heads * D;
-    const int64_t esize = s->kv_bf16 ? 2 : 4;
-    float acc[512], scores[256];
-    for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
-    float mx = -INFINITY, total = 0.0f;
+/* nh (at most PG_MAX_GROUP) query heads q [nh, D] (already scaled) sharing KV head kvh, over their
+   sequence's ctx cached tokens: softmax(q K^T) V into out [nh, D], a block of the table at a time
+   (online softmax). Each K and V row is read and widened once for all nh heads (one head a time
+   measured compute-bound: a per-token dot's reduction, and the accumulator through memory, per
+   head). Each head's arithmetic is its own, in the same order whatever nh is. D is a constant in
+   the callers below, so the inner loops unroll into registers. */
+static inline __attribute__((always_inline)) void
+attend_heads(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
+             int64_t ctx, int64_t kvh, float *out, const int64_t D) {
+    const int64_t bs = s->block_size, row = s->kv_heads * D;
+    const int bf16 = (int)s->kv_bf16;
+    const int64_t esize = bf16 ? 2 : 4;
+    float acc[PG_MAX_GROUP * 512], scores[PG_MAX_GROUP * 256], kbuf[512];
+    float mx[PG_MAX_GROUP], total[PG_MAX_GROUP];
+    for (int64_t g = 0; g < nh; g++) {
+        mx[g] = -INFINITY, total[g] = 0.0f;
+        for (int64_t i = 0; i < D; i++) acc[g * D + i] = 0.0f;
+    }
     for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
         const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
         const int64_t base = (int64_t)table[t0 / bs] * bs;
         const char *kb = (const char *)L->k_cache + (base * row + kvh * D) * esize;
         const char *vb = (const char *)L->v_cache + (base * row + kvh * D) * esize;
-        float bmax = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
-            scores[j] = dot_kv(q, kb + j * row * esize, D, (int)s->kv_bf16);
-            bmax = scores[j] > bmax ? scores[j] : bmax;
+            const float *k = kv_row(kb + j * row * esize, bf16, kbuf, D);
+            for (int64_t g = 0; g < nh; g++) scores[g * bs + j] = dot(q + g * D, k, D);
         }
-        if (bmax > mx) { /* rescale what came before to the new maximum */
-            const float r = pg_exp(mx - bmax);
-            total *= r;
+        for (int64_t g = 0; g < nh; g++) {
+            float *sg = scores + g * bs, bmax = -INFINITY;
+            for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
+            if (bmax > mx[g]) { /* rescale what came before to the new maximum */
+                const float r = pg_exp(mx[g] - bmax);
+                total[g] *= r;
 #pragma omp simd
-            for (int64_t i = 0; i < D; i++) acc[i] *= r;
-            mx = bmax;
+                for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
+                mx[g] = bmax;
+            }
+            const float m = mx[g];
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) sg[j] = pg_exp(sg[j] - m);
+            for (int64_t j = 0; j < n; j++) total[g] += sg[j];
         }
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) scores[j] = pg_exp(scores[j] - mx);
         for (int64_t j = 0; j < n; j++) {
-            total += scores[j];
-            axpy_kv(acc, scores[j], vb + j * row * esize, D, (int)s->kv_bf16);
+            const float *v = kv_row(vb + j * row * esize, bf16, kbuf, D);
+            for (int64_t g = 0; g < nh; g++) {
+                const float p = scores[g * bs + j];
+                float *ag = acc + g * D;
+#pragma omp simd
+                for (int64_t i = 0; i < D; i++) ag[i] = fmaf(p, v[i], ag[i]);
+            }
         }
     }
-    const float inv = 1.0f / total;
-    for (int64_t i = 0; i < D; i++) out[i] = acc[i] * inv;
+    for (int64_t g = 0; g < nh; g++) {
+        const float inv = 1.0f / total[g];
+        for (int64_t i = 0; i < D; i++) out[g * D + i] = acc[g * D + i] * inv;
+    }
+}
+
+static void attend_d64(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
+                       int64_t ctx, int64_t kvh, float *out) {
+    attend_heads(q, nh, L, s, table, ctx, kvh, out, 64);
+}
+
+static void attend_d128(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
+                        int64_t ctx, int64_t kvh, float *out) {
+    attend_heads(q, nh, L, s, table, ctx, kvh, out, 128);
+}
+
+static void attend_any(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
+                       int64_t ctx, int64_t kvh, float *out) {
+    attend_heads(q, nh, L, s, table, ctx, kvh, out, s->head_dim);
+}
+
+static void attend(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
+                   int64_t ctx, int64_t kvh, float *out) {
+    if (s->head_dim == 64) attend_d64(q, nh, L, s, table, ctx, kvh, out);
+    else if (s->head_dim == 128) attend_d128(q, nh, L, s, table, ctx, kvh, out);
+    else attend_any(q, nh, L, s, table, ctx, kvh, out);
 }
 
 static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
@@ -207,6 +257,14 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
     const int64_t qkv_n = (H + 2 * KVH) * D, group = H / KVH, esize = s->kv_bf16 ? 2 : 4;
     float *res = work, *h = res + B * hid, *tmp = h + B * hid, *qkv = tmp + B * hid;
     float *att = qkv + B * qkv_n, *gu = att + B * H * D, *act = gu + B * 2 * I;
+    /* Attention's work items: a KV head's query heads together (they share its K/V rows), split
+       into chunks when there are too few items to keep the threads busy (one long stream, say)
+       or more heads than attend() takes. A head's result does not depend on its chunk. */
+    const int64_t threads = s->num_threads > 0 ? s->num_threads : 1;
+    int64_t chunks = (group + PG_MAX_GROUP - 1) / PG_MAX_GROUP;
+    while (chunks < group && B * KVH * chunks < 4 * threads) chunks++;
+    const int64_t chunk_heads = (group + chunks - 1) / chunks;
+    chunks = (group + chunk_heads - 1) / chunk_heads;
     for (int64_t i = 0; i < B * hid; i++)
         res[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 #pragma omp parallel num_threads(s->num_threads > 0 ? (int)s->num_threads : 1)
@@ -237,12 +295,14 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                 }
             }
 #pragma omp for schedule(static)
-            for (int64_t item = 0; item < B * H; item++) {
-                const int64_t b = item / H, hq = item % H;
-                float q[512];
-                const float *src = qkv + b * qkv_n + hq * D;
-                for (int64_t i = 0; i < D; i++) q[i] = src[i] * s->scale;
-                attend(q, L, s, tables + b * s->table_width, ctx[b], hq / group, att + b * H * D + hq * D);
+            for (int64_t item = 0; item < B * KVH * chunks; item++) { /* (row, KV head, chunk of its heads) */
+                const int64_t b = item / (KVH * chunks), kvh = item / chunks % KVH, c = item % chunks;
+                const int64_t h0 = kvh * group + c * chunk_heads;
+                const int64_t nh = group - c * chunk_heads < chunk_heads ? group - c * chunk_heads : chunk_heads;
+                float q[PG_MAX_GROUP * 512];
+                const float *src = qkv + b * qkv_n + h0 * D;
+                for (int64_t i = 0; i < nh * D; i++) q[i] = src[i] * s->scale;
+                attend(q, nh, L, s, tables + b * s->table_width, ctx[b], kvh, att + b * H * D + h0 * D);
             }
             product(&L->o, att, B, H * D, tmp, scratch);
 #pragma omp barrier
