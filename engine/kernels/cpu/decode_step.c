@@ -142,6 +142,55 @@ static inline __attribute__((always_inline)) float dot(const float *q, const flo
     return part[0];
 }
 
+#if defined(__AVX512F__)
+/* scores[g * bs + j] = dot(q_g, k_j) for the n (at most 16) K rows from kb (row stride rstride
+   bytes), each dot's 16 partial sums formed as dot() forms them and then added in dot()'s own
+   pairs (lane l with l + 8, l + 4, l + 2, l + 1) for 16 tokens at once: lanes of 16 part vectors
+   are exchanged so every addition serves 16 lanes, instead of a horizontal sum per token (most of
+   attention's instructions, measured). The same bits as dot(); D a multiple of 16. */
+static inline __attribute__((always_inline)) void scores16(const float *q, int64_t nh, const char *kb,
+                                                           int64_t rstride, int bf16, int64_t n,
+                                                           float *scores, int64_t bs, const int64_t D) {
+    /* token j's part vector goes to slot sigma(j): the exchanges below put slot sigma(l) at lane l */
+    static const int sigma[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+    __m512 part[PG_MAX_GROUP][16];
+    for (int64_t j = 0; j < 16; j++) {
+        __m512 k[512 / 16];
+        if (j < n) {
+            for (int64_t c = 0; c < D / 16; c++) {
+                const char *src = kb + j * rstride + c * 16 * (bf16 ? 2 : 4);
+                k[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src)), 16))
+                            : _mm512_loadu_ps((const float *)src);
+            }
+        }
+        for (int64_t g = 0; g < nh; g++) {
+            __m512 acc = _mm512_setzero_ps();
+            if (j < n)
+                for (int64_t c = 0; c < D / 16; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), k[c], acc);
+            part[g][sigma[j]] = acc;
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << n) - 1u);
+    for (int64_t g = 0; g < nh; g++) {
+        const __m512 *p = part[g];
+        __m512 a[8], b[4], c[2];
+        for (int t = 0; t < 8; t++) /* [lanes 0-7 of slot t + lanes 8-15 | the same of slot t + 8] */
+            a[t] = _mm512_add_ps(_mm512_shuffle_f32x4(p[t], p[t + 8], 0x44),
+                                 _mm512_shuffle_f32x4(p[t], p[t + 8], 0xee));
+        for (int t = 0; t < 4; t++) /* quarters: lanes 0-3 + 4-7 of slots t, t + 8, t + 4, t + 12 */
+            b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[t], a[t + 4], 0x88),
+                                 _mm512_shuffle_f32x4(a[t], a[t + 4], 0xdd));
+        for (int t = 0; t < 2; t++) /* within each quarter: lanes 0-1 + 2-3 */
+            c[t] = _mm512_add_ps(_mm512_shuffle_ps(b[t], b[t + 2], 0x44),
+                                 _mm512_shuffle_ps(b[t], b[t + 2], 0xee));
+        const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
+                                         _mm512_shuffle_ps(c[0], c[1], 0xdd));
+        _mm512_mask_storeu_ps(scores + g * bs, keep, sum);
+    }
+}
+#endif
+
 /* nh (at most PG_MAX_GROUP) query heads q [nh, D] (already scaled) sharing KV head kvh, over their
    sequence's ctx cached tokens: softmax(q K^T) V into out [nh, D], a block of the table at a time
    (online softmax). Each K and V row is read and widened once for all nh heads (one head a time
@@ -165,12 +214,20 @@ attend_heads(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, c
         const int64_t base = (int64_t)table[t0 / bs] * bs;
         const char *kb = (const char *)L->k_cache + (base * row + kvh * D) * esize;
         const char *vb = (const char *)L->v_cache + (base * row + kvh * D) * esize;
+#if defined(__AVX512F__)
+        if (D % 16 == 0) {
+            for (int64_t j0 = 0; j0 < n; j0 += 16)
+                scores16(q, nh, kb + j0 * row * esize, row * esize, bf16, n - j0 < 16 ? n - j0 : 16,
+                         scores + j0, bs, D);
+        } else
+#endif
         for (int64_t j = 0; j < n; j++) {
             const float *k = kv_row(kb + j * row * esize, bf16, kbuf, D);
             for (int64_t g = 0; g < nh; g++) scores[g * bs + j] = dot(q + g * D, k, D);
         }
         for (int64_t g = 0; g < nh; g++) {
-            float *sg = scores + g * bs, bmax = -INFINITY;
+            float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : bmax)
             for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
             if (bmax > mx[g]) { /* rescale what came before to the new maximum */
                 const float r = pg_exp(mx[g] - bmax);
@@ -180,9 +237,12 @@ attend_heads(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, c
                 mx[g] = bmax;
             }
             const float m = mx[g];
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) sg[j] = pg_exp(sg[j] - m);
-            for (int64_t j = 0; j < n; j++) total[g] += sg[j];
+#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
+            for (int64_t j = 0; j < n; j++) {
+                sg[j] = pg_exp(sg[j] - m);
+                sum += sg[j];
+            }
+            total[g] += sum;
         }
         for (int64_t j = 0; j < n; j++) {
             const float *v = kv_row(vb + j * row * esize, bf16, kbuf, D);
@@ -200,26 +260,11 @@ attend_heads(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, c
     }
 }
 
-static void attend_d64(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
-                       int64_t ctx, int64_t kvh, float *out) {
-    attend_heads(q, nh, L, s, table, ctx, kvh, out, 64);
-}
-
-static void attend_d128(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
-                        int64_t ctx, int64_t kvh, float *out) {
-    attend_heads(q, nh, L, s, table, ctx, kvh, out, 128);
-}
-
-static void attend_any(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
-                       int64_t ctx, int64_t kvh, float *out) {
-    attend_heads(q, nh, L, s, table, ctx, kvh, out, s->head_dim);
-}
-
 static void attend(const float *q, int64_t nh, const pg_layer *L, const pg_shape *s, const int32_t *table,
-                   int64_t ctx, int64_t kvh, float *out) {
-    if (s->head_dim == 64) attend_d64(q, nh, L, s, table, ctx, kvh, out);
-    else if (s->head_dim == 128) attend_d128(q, nh, L, s, table, ctx, kvh, out);
-    else attend_any(q, nh, L, s, table, ctx, kvh, out);
+                   int64_t ctx, int64_t kvh, float *out) { /* D a constant where it is a common one */
+    if (s->head_dim == 64) attend_heads(q, nh, L, s, table, ctx, kvh, out, 64);
+    else if (s->head_dim == 128) attend_heads(q, nh, L, s, table, ctx, kvh, out, 128);
+    else attend_heads(q, nh, L, s, table, ctx, kvh, out, s->head_dim);
 }
 
 static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
