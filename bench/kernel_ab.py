@@ -1,0 +1,126 @@
+"""Two builds of the engine's CPU kernels, alternated step by step in one engine process.
+
+The machine is shared and noisy (runs of the same build differ by 20-30%), so a kernel change is
+timed against the build before it in one process, on the same sequences: ``--before`` names a git
+revision whose ``engine/kernels/cpu/*.c`` are compiled beside the working tree's (same compiler,
+same flags, both linked to torch's OpenMP runtime). The engine decodes ``--batch`` greedy
+sequences from ``--context`` prompt tokens; each decode step runs on one build, the next on the
+other, swapping both the fused decode step's library and the int4/int8 kernels' (the LM head).
+Prints the medians of the fused call, the vocabulary projection and the whole step for each
+build, their ratios, and the CPU's flags.
+
+    .venv/bin/python bench/kernel_ab.py --before HEAD [--batch 64] [--context 100] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine import LLM, SamplingParams, cpu_info  # noqa: E402
+from engine.kernels.cpu import build, decode_step, qmatmul  # noqa: E402
+
+KERNELS = "engine/kernels/cpu"
+
+
+def build_revision(revision: str, folder: pathlib.Path) -> tuple:
+    """The fused step and the products compiled from ``revision``'s kernel sources, as ctypes
+    libraries declared like the working tree's."""
+    files = subprocess.run(["git", "ls-tree", "--name-only", revision, f"{KERNELS}/"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for path in files:
+        if path.endswith((".c", ".h")):
+            text = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=ROOT, check=True,
+                                  capture_output=True, text=True).stdout
+            (folder / pathlib.Path(path).name).write_text(text)
+    compiler = build.shutil.which("gcc") or build.shutil.which("cc")
+    libs = []
+    for name in ("decode_step", "qmatmul"):
+        target = folder / f"{name}.so"
+        build._compile(folder / f"{name}.c", target, compiler, build.default_arch())
+        libs.append(build.ctypes.CDLL(str(target)))
+    step, products = libs
+    decode_step.library()  # declares the working tree's; the same signatures on the other
+    for fn in ("pagoda_decode_work_floats", "pagoda_decode_scratch_bytes", "pagoda_decode_step"):
+        src, dst = getattr(decode_step.library(), fn), getattr(step, fn)
+        dst.argtypes, dst.restype = src.argtypes, src.restype
+    return step, qmatmul.declare(products)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="HEAD", help="git revision of the other build")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=100, help="prompt tokens of each sequence")
+    parser.add_argument("--steps", type=int, default=60, help="decode steps, alternated")
+    args = parser.parse_args()
+    print(f"CPU: {cpu_info.describe()}")
+
+    llm = LLM(args.model)
+    runner, engine = llm.engine.runner, llm.engine
+    if runner.fused_decode is None:
+        sys.exit("the fused decode step is off here: nothing to compare")
+    with tempfile.TemporaryDirectory() as tmp:
+        before_step, before_products = build_revision(args.before, pathlib.Path(tmp))
+    builds = {args.before: (before_step, before_products),
+              "working tree": (runner.fused_decode.lib, qmatmul.library())}
+    times = {name: {"fused": [], "head": [], "step": []} for name in builds}
+    current = {"name": None}
+
+    def timed(part, inner):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                if current["name"]:
+                    times[current["name"]][part].append(time.perf_counter() - t0)
+        return call
+    runner.fused_decode.run = timed("fused", runner.fused_decode.run)
+    runner.model.compute_logits = timed("head", runner.model.compute_logits)
+
+    words = engine.tokenizer.encode("The history of the printing press, told again. ")
+    prompt = (words * (args.context // len(words) + 1))[:args.context]
+    for i in range(args.batch):  # distinct first tokens: no prefix shared beyond the template
+        engine.add_request(f"ab-{i}", [words[i % len(words)], *prompt], SamplingParams(
+            temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True))
+    while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefills, untimed
+    order = list(builds)
+    for i in range(args.steps):
+        name = order[i % 2]
+        current["name"] = name
+        runner.fused_decode.lib, qmatmul._state["lib"] = builds[name]
+        t0 = time.perf_counter()
+        engine.step()
+        times[name]["step"].append(time.perf_counter() - t0)
+    current["name"] = None
+    runner.fused_decode.lib, qmatmul._state["lib"] = builds["working tree"]
+    while engine.has_unfinished_requests():
+        engine.step()
+
+    print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
+          f"{torch.get_num_threads()} threads; medians in ms")
+    print(f"{'build':<14} {'fused call':>11} {'LM head':>9} {'step':>9}")
+    med = {n: {p: statistics.median(v) * 1e3 for p, v in parts.items()} for n, parts in times.items()}
+    for name in order:
+        m = med[name]
+        print(f"{name[:14]:<14} {m['fused']:>11.2f} {m['head']:>9.2f} {m['step']:>9.2f}")
+    a, b = med[order[0]], med[order[1]]
+    print(f"{'new / before':<14} {b['fused'] / a['fused']:>11.3f} {b['head'] / a['head']:>9.3f} "
+          f"{b['step'] / a['step']:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
