@@ -106,10 +106,16 @@ def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_di
     assert torch.allclose(flat[:, :, slot], torch_kv, rtol=1e-3, atol=1e-4)
 
 
+# 20 rows: from 16 the kernels deal work out to whichever thread is free (qmatmul.c DYNAMIC_ROWS)
+MANY = (5, 9, 40, 12, 33, 7, 2, 25, 18, 30, 3, 44, 11, 20, 6, 15, 28, 9, 4, 35)
+
+
+@pytest.mark.parametrize("lengths", [(5, 37, 70, 18), MANY], ids=["4 rows", "20 rows"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype):
+def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype,
+                                                                               lengths):
     runner = _runner(tiny_llama_dir, dtype)
-    seqs = _sequences(lengths=(5, 37, 70, 18))
+    seqs = _sequences(lengths=lengths)
     _prefill(runner, seqs)
     together = _rows_by_length(seqs, _decode(runner, seqs))
     for i, s in enumerate(seqs):

@@ -267,6 +267,20 @@ static void attend(const float *q, int64_t nh, const pg_layer *L, const pg_shape
     else attend_heads(q, nh, L, s, table, ctx, kvh, out, s->head_dim);
 }
 
+/* Attention's work item ``item``: (row, KV head, chunk of its query heads), into att. */
+static inline void attend_item(int64_t item, const float *qkv, int64_t qkv_n, int64_t chunks,
+                               int64_t chunk_heads, const pg_layer *L, const pg_shape *s,
+                               const int32_t *tables, const int32_t *ctx, float *att) {
+    const int64_t KVH = s->kv_heads, D = s->head_dim, group = s->heads / KVH;
+    const int64_t b = item / (KVH * chunks), kvh = item / chunks % KVH, c = item % chunks;
+    const int64_t h0 = kvh * group + c * chunk_heads;
+    const int64_t nh = group - c * chunk_heads < chunk_heads ? group - c * chunk_heads : chunk_heads;
+    float q[PG_MAX_GROUP * 512];
+    const float *src = qkv + b * qkv_n + h0 * D;
+    for (int64_t i = 0; i < nh * D; i++) q[i] = src[i] * s->scale;
+    attend(q, nh, L, s, tables + b * s->table_width, ctx[b], kvh, att + b * s->heads * D + h0 * D);
+}
+
 static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
                            uint8_t *scratch) {
     matmul_team((int)p->bits, x, B, K, K, 0, p->w, p->d, p->m, p->n, p->bias, y, p->n, 0, scratch);
@@ -339,15 +353,18 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                     }
                 }
             }
+            /* from DYNAMIC_ROWS rows dealt out one at a time: an item's cost is its row's context,
+               and a step's rows differ (fixed halves of 32 rows of mixed lengths took 1.07x as
+               long); below, fixed shares (a shared counter cost 1 row ~3%) */
+            const int64_t items = B * KVH * chunks;
+            if (B >= DYNAMIC_ROWS) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t item = 0; item < items; item++)
+                    attend_item(item, qkv, qkv_n, chunks, chunk_heads, L, s, tables, ctx, att);
+            } else {
 #pragma omp for schedule(static)
-            for (int64_t item = 0; item < B * KVH * chunks; item++) { /* (row, KV head, chunk of its heads) */
-                const int64_t b = item / (KVH * chunks), kvh = item / chunks % KVH, c = item % chunks;
-                const int64_t h0 = kvh * group + c * chunk_heads;
-                const int64_t nh = group - c * chunk_heads < chunk_heads ? group - c * chunk_heads : chunk_heads;
-                float q[PG_MAX_GROUP * 512];
-                const float *src = qkv + b * qkv_n + h0 * D;
-                for (int64_t i = 0; i < nh * D; i++) q[i] = src[i] * s->scale;
-                attend(q, nh, L, s, tables + b * s->table_width, ctx[b], kvh, att + b * H * D + h0 * D);
+                for (int64_t item = 0; item < items; item++)
+                    attend_item(item, qkv, qkv_n, chunks, chunk_heads, L, s, tables, ctx, att);
             }
             product(&L->o, att, B, H * D, tmp, scratch);
 #pragma omp barrier
