@@ -47,6 +47,20 @@ def test_kernel_computes_exactly_the_int8_activation_product(rows, n, k):
     torch.testing.assert_close(got16.float(), expected16, rtol=2 ** -7, atol=1e-3 * expected16.abs().max().item())
 
 
+@pytest.mark.parametrize("rows", [1, 16, 21])
+def test_an_odd_number_of_row_groups_is_computed_exactly(rows):
+    # from 16 rows the AVX2 kernel takes two groups of G output rows at a time: the last one alone
+    n, k = 3 * q4.rows_per_group(), 64
+    gen = torch.Generator().manual_seed(rows)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales, zeros = torch.rand(n, k // 32, generator=gen) * 0.01, torch.randn(n, k // 32, generator=gen) * 0.01
+    packed = q4.pack_int4(codes, scales, zeros, 32)
+    x = torch.randn(rows, k, generator=gen)
+    expected = _ref4(x, packed)
+    torch.testing.assert_close(q4.int4_matmul(x, *packed), expected, rtol=1e-5,
+                               atol=1e-5 * expected.abs().max().item())
+
+
 def test_int8_activations_cost_well_under_a_percent_against_the_fp32_product():
     codes, scales, zeros = _weight(256, 576)
     x = torch.randn(32, 576)
