@@ -15,7 +15,9 @@ build, their ratios, and the CPU's flags.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,12 +45,12 @@ def build_revision(revision: str, folder: pathlib.Path) -> tuple:
             text = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=ROOT, check=True,
                                   capture_output=True, text=True).stdout
             (folder / pathlib.Path(path).name).write_text(text)
-    compiler = build.shutil.which("gcc") or build.shutil.which("cc")
+    compiler = shutil.which("gcc") or shutil.which("cc")
     libs = []
     for name in ("decode_step", "qmatmul"):
         target = folder / f"{name}.so"
         build._compile(folder / f"{name}.c", target, compiler, build.default_arch())
-        libs.append(build.ctypes.CDLL(str(target)))
+        libs.append(ctypes.CDLL(str(target)))
     step, products = libs
     decode_step.library()  # declares the working tree's; the same signatures on the other
     for fn in ("pagoda_decode_work_floats", "pagoda_decode_scratch_bytes", "pagoda_decode_step"):
