@@ -487,9 +487,13 @@ static inline __attribute__((always_inline)) void vnni_rows(
 #if defined(TILE2)
 /* Rows r0..r1 times int4 weight groups gi and gi + 1, ROW_TILE2 rows at a time. */
 static inline __attribute__((always_inline)) void pair_rows(
-        const uint8_t *wg, const uint16_t *dg, const uint16_t *mg, int64_t nb,
+        const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb, const float *bias,
         const uint8_t *scratch, int64_t rb, int64_t K, int64_t r0, int64_t r1, int64_t gi,
-        vf bv0, vf bv1, void *y, int64_t ldy, int y_bf16) {
+        void *y, int64_t ldy, int y_bf16) {
+    const uint8_t *wg = w + gi * nb * 4 * 4 * G;
+    const uint16_t *dg = d + gi * nb * G, *mg = mn + gi * nb * G;
+    const vf bv0 = bias ? vf_loadu(bias + gi * G) : vf_zero();
+    const vf bv1 = bias ? vf_loadu(bias + gi * G + G) : vf_zero();
     vf acc0[ROW_TILE2], acc1[ROW_TILE2];
     for (int64_t r = r0; r < r1; r += ROW_TILE2) {
         const uint8_t *a = scratch + r * rb;
@@ -561,16 +565,11 @@ static inline __attribute__((always_inline)) void matmul_team(
 #if defined(TILE2)
             if (M >= DYNAMIC_ROWS && bits == 4) { /* pairs of groups (see tile2) */
 #pragma omp for schedule(dynamic, GROUP_CHUNK / 2) nowait
-                for (int64_t p = 0; p < (groups + 1) / 2; p++) {
-                    const int64_t gi = 2 * p;
-                    if (gi + 1 == groups) {
+                for (int64_t gi = 0; gi < groups; gi += 2) {
+                    if (gi + 1 < groups)
+                        pair_rows(w, d, mn, nb, bias, scratch, rb, K, m0, m1, gi, y, ldy, y_bf16);
+                    else /* an odd group count's last */
                         group_rows(bits, w, d, mn, nb, bias, scratch, rb, K, m0, m1, gi, y, ldy, y_bf16);
-                        continue;
-                    }
-                    const vf bv0 = bias ? vf_loadu(bias + gi * G) : vf_zero();
-                    const vf bv1 = bias ? vf_loadu(bias + gi * G + G) : vf_zero();
-                    pair_rows(w + gi * nb * 4 * bits * G, d + gi * nb * G, mn + gi * nb * G, nb,
-                              scratch, rb, K, m0, m1, gi, bv0, bv1, y, ldy, y_bf16);
                 }
                 continue;
             }
