@@ -12,6 +12,8 @@ import asyncio
 import pytest
 
 from webapp.chat.follow import Follower
+from webapp.chat.generations import Generation
+from webapp.chat.relay import RedisAnswerBoard
 
 START = {"type": "start", "request_id": "chat-x", "user_message": {"id": 1}, "conversation": {"id": 7}}
 
@@ -22,7 +24,8 @@ def delta(text: str) -> dict:
 
 def follower(shown: list, ended: list) -> Follower:
     entry = {"request_id": "chat-x", "owner": "specific.owner!1", "user": 3, "start_frame": START}
-    return Follower(entry=entry, conversation_id=7, user_id=3, channel_name="specific.me!1",
+    board = RedisAnswerBoard("redis://127.0.0.1:1/0")  # never asked here: frames come in by hand
+    return Follower(board=board, entry=entry, conversation_id=7, user_id=3, channel_name="specific.me!1",
                     emit=shown.append, on_end=ended.append)
 
 
@@ -71,16 +74,14 @@ async def test_a_fresh_snapshot_after_a_lost_frame_shows_the_whole_text_again():
 def test_a_follower_elsewhere_counts_as_a_listener_until_it_goes_silent(settings):
     """The owner's side: a remote listener that stops saying "chat.hear" (its process died) lapses,
     so the cap on unheard answers applies to the answer again."""
-    from webapp.chat.generations import Generation, hear_remote
-
     settings.PAGODA_CHAT_RELAY_TTL_S = 3
     generation = Generation(turn=None, start_frame=START)
     assert not generation.heard
-    hear_remote(generation, "specific.web2!a")
+    generation.hear_remote("specific.web2!a")
     assert generation.heard and generation.unheard_since is None
     generation.remote["specific.web2!a"] -= 3.5  # silent for longer than the registry's lifetime
     assert not generation.heard
-    hear_remote(generation, "specific.web2!a")  # its next "chat.hear"
+    generation.hear_remote("specific.web2!a")  # its next "chat.hear"
     assert generation.heard
     generation.remote.clear()
     generation.listeners.add(asyncio.Queue())

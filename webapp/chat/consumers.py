@@ -11,14 +11,14 @@ Server -> page: {"type": "start", ...}, {"type": "resume", ..., "text"} (an answ
                  {"type": "done", "message", "usage", "tokens_per_s", "prefix_cache_hit", "finish_reason"},
                  {"type": "error", "code", "message"}.
 
-A turn's generation belongs to its conversation, not to the socket (chat.generations): closing
-the socket leaves it running, and any socket of the user can attach to it. One at a time per
-conversation; "stop" cancels it, and closing the EngineClient iterator (aclosing) aborts the
-request in the engine. Every frame after the handshake goes through the socket's outbox queue,
-so that frames from the generation and from the socket keep their order. In distributed mode an
-answer that another web process runs is followed through the channel layer (chat.follow: its
-"chat.resume", "chat.frames" and "chat.gone" messages land in the handlers below); "stop" and
-"busy" see it too.
+A turn's generation belongs to its conversation, not to the socket: the answer board
+(chat.board, the only way this socket learns about running answers) keeps it running when the
+socket closes, and any socket of the user can attach to it, on this web process or (distributed
+mode) another one. One at a time per conversation; "stop" cancels it, and closing the
+EngineClient iterator (aclosing) aborts the request in the engine. Every frame after the
+handshake goes through the socket's outbox queue, so that frames from the generation and from the
+socket keep their order. An answer followed on another process reaches this socket as
+channel-layer messages ("chat.resume", "chat.frames", "chat.gone"), handed to the board.
 
 Bounds, from the user's ChatLimits: at most ``max_sockets`` open sockets per user (one more is
 accepted only to be told {"type": "error", "code": "too_many_connections"} and closed with
@@ -39,10 +39,8 @@ import uuid
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
-from webapp.chat import generations, relay
-from webapp.chat.follow import Follower
+from webapp.chat.board import Socket, get_answer_board
 from webapp.chat.documents import MAX_DOCUMENT_FRAME_BYTES
 from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict, preset_list
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
@@ -76,10 +74,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.limits = None
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.pump: asyncio.Task | None = None
-        self.followers: dict[int, Follower] = {}  # conversation id -> an answer another process runs
+        self.board = get_answer_board()
+        self.socket: Socket | None = None
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=NOT_AUTHENTICATED)
             return
+        self.socket = Socket(user=self.user, outbox=self.outbox, channel_name=self.channel_name)
         limits = await database_sync_to_async(chatlimits_get_or_create)(user=self.user)
         await self.accept()
         try:
@@ -119,11 +119,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                                                              limits.max_sockets, time.time())
 
     async def disconnect(self, code):
-        outbox = getattr(self, "outbox", None)
-        if outbox is not None and getattr(self, "user", None) is not None:
-            generations.detach(outbox, user=self.user)  # the answer itself keeps running
-        for follower in list(getattr(self, "followers", {}).values()):
-            await follower.close()
+        if getattr(self, "socket", None) is not None:
+            await self.board.leave(self.socket)  # the answers themselves keep running
         pump = getattr(self, "pump", None)
         if pump is not None:
             pump.cancel()
@@ -160,35 +157,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.emit({"type": "error", "code": "internal_error",
                        "message": "The server had an error with this message."})
 
-    def _listened(self) -> list[generations.Generation]:
-        return [g for g in generations.all_running() if self.outbox in g.listeners]
-
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
             self.emit({"type": "error", "code": "invalid_parameter", "message": "expected an object"})
             return
         kind, conversation_id = content.get("type"), content.get("conversation")
-        running = generations.running_for(user=self.user, conversation_id=conversation_id) \
-            if conversation_id is not None else None
         if kind == "stop":
-            for generation in [running] if running is not None else self._listened():
-                generations.stop(generation)
-            if running is None:
-                await self._stop_elsewhere(conversation_id)
+            await self.board.stop(self.socket, conversation_id)
             return
         if kind == "attach":
-            if running is not None:
-                if self.outbox not in running.listeners:
-                    generations.attach(running, self.outbox)
-            elif not await self._follow(conversation_id):
+            if not await self.board.attach(self.socket, conversation_id):
                 self.emit({"type": "idle", "conversation": conversation_id})
             return
         if kind in ("preset_save", "preset_delete"):
             await self._preset(kind, content)
             return
-        # An answer being written here or by another web process (distributed mode).
-        busy = running is not None or (conversation_id is not None and relay.enabled() and
-                                       await relay.entry(conversation_id, user_id=self.user.pk) is not None)
+        busy = await self.board.is_running(conversation_id, user=self.user)
         if kind == "switch":
             await self._switch(conversation_id, content.get("message"), busy)
             return
@@ -197,7 +181,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                        "message": "The server is restarting; send this again in a moment."})
             return
         claim = int(conversation_id) if str(conversation_id).isdigit() else None
-        if busy or not generations.claim(claim):
+        if busy or not self.board.claim(claim):
             self.emit({"type": "error", "code": "busy",
                        "message": "An answer is still being written in this conversation; stop it first."})
             return
@@ -208,60 +192,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.emit(exc.to_dict())
             return
         finally:
-            generations.unclaim(claim)
+            self.board.unclaim(claim)
         path = await database_sync_to_async(message_path_dicts)(conversation=turn.conversation,
                                                                 leaf=turn.user_message)
         start_frame = {"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
                        "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
                        "user_message": message_to_dict(turn.user_message), "path": path}
-        generations.start(turn=turn, start_frame=start_frame, outbox=self.outbox)
-
-    # ------------------------------------------------------------- answers other processes run
-    async def _follow(self, conversation_id) -> bool:
-        """Follow the conversation's answer if another process runs it; False if none does."""
-        if not relay.enabled():
-            return False
-        entry = await relay.entry(conversation_id, user_id=self.user.pk)
-        if entry is None:
-            return False
-        conversation = int(conversation_id)
-        follower = self.followers.get(conversation)
-        if follower is not None and not follower.ended and follower.request_id == entry["request_id"]:
-            return True  # followed already
-        if follower is not None:
-            await follower.close()  # an earlier answer of the conversation: a newer one runs now
-        follower = Follower(entry=entry, conversation_id=conversation, user_id=self.user.pk,
-                            channel_name=self.channel_name, emit=self.emit, on_end=self._followed)
-        self.followers[conversation] = follower
-        await follower.begin()
-        return True
-
-    def _followed(self, follower: Follower) -> None:
-        if self.followers.get(follower.conversation_id) is follower:
-            del self.followers[follower.conversation_id]
-
-    async def _stop_elsewhere(self, conversation_id) -> None:
-        if conversation_id is None:
-            for follower in list(self.followers.values()):
-                await follower.stop()
-        elif relay.enabled() and (entry := await relay.entry(conversation_id, user_id=self.user.pk)) is not None:
-            await relay.send(entry["owner"], {"type": "chat.stop", "conversation": int(conversation_id),
-                                              "request_id": entry["request_id"], "user": self.user.pk})
-
-    def _follower(self, message: dict) -> Follower | None:
-        return next((f for f in self.followers.values() if f.request_id == message.get("request_id")), None)
+        self.board.start(self.socket, turn=turn, start_frame=start_frame)
 
     async def chat_resume(self, message: dict) -> None:
-        if (follower := self._follower(message)) is not None:
-            follower.on_resume(message)
+        """An answer another web process runs, followed by this socket (the board's follower)."""
+        await self.board.relayed(self.socket, message)
 
-    async def chat_frames(self, message: dict) -> None:
-        if (follower := self._follower(message)) is not None:
-            follower.on_frames(message)
-
-    async def chat_gone(self, message: dict) -> None:
-        if (follower := self._follower(message)) is not None:
-            await follower.on_gone()
+    chat_frames = chat_gone = chat_resume
 
     async def _switch(self, conversation_id, message_id, busy: bool) -> None:
         """Show another version of a message: {"type": "path", "messages"} with the path through it."""

@@ -1,4 +1,5 @@
-"""Following, from this web process, an answer that another one runs (distributed mode; chat.relay).
+"""Following, from this web process, an answer that another one runs (distributed mode: the Redis
+answer board, chat.relay, makes one for a socket and hands it what the owner sends).
 
 A socket that attaches to an answer registered by another process gets a ``Follower``: it joins
 the answer's group, then asks the owner for the text so far ("chat.attach"). The owner's reply
@@ -28,7 +29,7 @@ import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from webapp.chat import relay
+from webapp.chat.generations import relay_ttl_s
 from webapp.chat.models import Message
 from webapp.chat.selectors import Tree
 from webapp.usage.models import UsageRecord
@@ -42,8 +43,9 @@ STORE_TRIES = 3  # an answer just stopped may take a moment to be stored
 
 
 class Follower:
-    def __init__(self, *, entry: dict, conversation_id: int, user_id: int, channel_name: str,
+    def __init__(self, *, board, entry: dict, conversation_id: int, user_id: int, channel_name: str,
                  emit: Callable[[dict], None], on_end: Callable[["Follower"], None]):
+        self.board = board  # the RedisAnswerBoard: the registry, and the way to the owner
         self.entry, self.request_id, self.owner = entry, entry["request_id"], entry["owner"]
         self.conversation_id, self.user_id, self.channel_name = conversation_id, user_id, channel_name
         self.emit, self.on_end = emit, on_end
@@ -61,22 +63,22 @@ class Follower:
     async def begin(self) -> None:
         question = self.entry["start_frame"]["user_message"]["id"]
         self.baseline = await database_sync_to_async(_newest_answer_id)(question)
-        await get_channel_layer().group_add(relay.group_name(self.request_id), self.channel_name)
+        await get_channel_layer().group_add(self.board.group_name(self.request_id), self.channel_name)
         await self._ask()
         self.watch = asyncio.create_task(self._watching())
 
     async def stop(self) -> None:
-        await relay.send(self.owner, self.message("chat.stop"))
+        await self.board.send(self.owner, self.message("chat.stop"))
 
     async def close(self) -> None:
         """The socket went away, or the answer ended: leave the group (and tell the owner)."""
         if not self.ended:
             self.ended = True
-            await relay.send(self.owner, self.message("chat.detach"))
+            await self.board.send(self.owner, self.message("chat.detach"))
         if self.watch is not None and self.watch is not asyncio.current_task():
             self.watch.cancel()
         try:
-            await get_channel_layer().group_discard(relay.group_name(self.request_id), self.channel_name)
+            await get_channel_layer().group_discard(self.board.group_name(self.request_id), self.channel_name)
         except Exception as exc:
             logger.warning("chat follow: leaving %s failed: %s", self.request_id, exc)
 
@@ -127,7 +129,7 @@ class Follower:
     # ------------------------------------------------------------- when the owner goes quiet
     async def _ask(self) -> None:
         self.shown, self.waiting_since = None, time.monotonic()
-        await relay.send(self.owner, self.message("chat.attach"))
+        await self.board.send(self.owner, self.message("chat.attach"))
 
     async def _watching(self) -> None:
         misses, unreadable_since, said_at = 0, None, time.monotonic()
@@ -135,16 +137,16 @@ class Follower:
             await asyncio.sleep(CHECK_S)
             if self.ended:
                 return
-            if time.monotonic() - said_at >= relay.ttl_s() / 3:
+            if time.monotonic() - said_at >= relay_ttl_s() / 3:
                 said_at = time.monotonic()
-                await relay.send(self.owner, self.message("chat.hear"))  # still listening
+                await self.board.send(self.owner, self.message("chat.hear"))  # still listening
             waited = time.monotonic() - self.waiting_since if self.waiting_since is not None else 0.0
             if waited > (RESUME_S if self.shown is None else GAP_S):
                 logger.info("chat follow: %s: a fresh snapshot (%s)", self.request_id,
                             "no answer" if self.shown is None else f"frame {self.shown + 1} missing")
                 await self._ask()
             try:
-                found = await relay.entry(self.conversation_id, user_id=self.user_id, strict=True)
+                found = await self.board.entry(self.conversation_id, user_id=self.user_id, strict=True)
                 unreadable_since = None
             except redis.RedisError:
                 unreadable_since = unreadable_since or time.monotonic()
@@ -152,7 +154,7 @@ class Follower:
                     await self._conclude(unreachable=True)
                 continue
             misses = misses + 1 if found is None or found["request_id"] != self.request_id else 0
-            if misses >= max(2, math.ceil((relay.ttl_s() / 3 + CHECK_S) / CHECK_S)):  # ended, or its owner died
+            if misses >= max(2, math.ceil((relay_ttl_s() / 3 + CHECK_S) / CHECK_S)):  # ended, or its owner died
                 await self._conclude()
 
     async def _conclude(self, unreachable: bool = False) -> None:

@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.chat.documents import MAX_NAME_CHARS, MAX_PDF_BYTES, DocumentError, pdf_text
-from webapp.chat.generations import running_conversation_ids
+from webapp.chat.board import get_answer_board
 from webapp.chat.selectors import (chat_defaults_by_model, conversation_get, conversation_list, message_path_dicts,
                                    preset_list)
 from webapp.chat.services import conversation_delete, conversation_rename
@@ -32,7 +32,7 @@ def chat_page(request, conversation_id: int | None = None):
     conversation = _owned(request, conversation_id) if conversation_id is not None else None
     models = chatlimits_allowed_slugs(limits=chatlimits_get_or_create(user=request.user),
                                       slugs=[version.model.slug for version in modelversion_list_active()])
-    running = running_conversation_ids(user=request.user)  # answers still being written, in this process
+    running = get_answer_board().running_ids(user=request.user)  # answers still being written
     state = {
         "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
         "messages": message_path_dicts(conversation=conversation) if conversation else [],
