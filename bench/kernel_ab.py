@@ -30,14 +30,15 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from engine import LLM, SamplingParams, cpu_info  # noqa: E402
-from engine.kernels.cpu import build, decode_step, qmatmul  # noqa: E402
+from engine.kernels.cpu import build, native  # noqa: E402
 
 KERNELS = "engine/kernels/cpu"
 
 
 def build_revision(revision: str, folder: pathlib.Path) -> tuple:
-    """The fused step and the products compiled from ``revision``'s kernel sources, as ctypes
-    libraries declared like the working tree's."""
+    """(the fused step's library, the products' library) compiled from ``revision``'s kernel
+    sources and declared like the working tree's: one library for both where the revision has
+    pagoda_kernels.h; before it, decode_step.c (which included qmatmul.c) and qmatmul.c apart."""
     files = subprocess.run(["git", "ls-tree", "--name-only", revision, f"{KERNELS}/"], cwd=ROOT,
                            check=True, capture_output=True, text=True).stdout.split()
     for path in files:
@@ -46,17 +47,21 @@ def build_revision(revision: str, folder: pathlib.Path) -> tuple:
                                   capture_output=True, text=True).stdout
             (folder / pathlib.Path(path).name).write_text(text)
     compiler = shutil.which("gcc") or shutil.which("cc")
-    libs = []
-    for name in ("decode_step", "qmatmul"):
-        target = folder / f"{name}.so"
-        build._compile(folder / f"{name}.c", target, compiler, build.default_arch())
-        libs.append(ctypes.CDLL(str(target)))
-    step, products = libs
-    decode_step.library()  # declares the working tree's; the same signatures on the other
-    for fn in ("pagoda_decode_work_floats", "pagoda_decode_scratch_bytes", "pagoda_decode_step"):
-        src, dst = getattr(decode_step.library(), fn), getattr(step, fn)
-        dst.argtypes, dst.restype = src.argtypes, src.restype
-    return step, qmatmul.declare(products)
+    arch = build.default_arch()
+    if (folder / "pagoda_kernels.h").exists():
+        build._compile(build.units(folder), folder / "kernels.so", compiler, arch)
+        step = products = native.declare(ctypes.CDLL(str(folder / "kernels.so")))
+    else:
+        for name in ("decode_step", "qmatmul"):  # their symbols unmarked: every one exported
+            build._compile([folder / f"{name}.c"], folder / f"{name}.so", compiler,
+                           (*arch, "-fvisibility=default"))
+        step = native.declare(ctypes.CDLL(str(folder / "decode_step.so")))
+        products = native.declare(ctypes.CDLL(str(folder / "qmatmul.so")),
+                                  [n for n in native.SIGNATURES if n.startswith(("pagoda_q4", "pagoda_q8"))])
+    if not build.env_switch("PAGODA_AMX"):  # as native.library() sets the working tree's
+        step.pagoda_q4_set_amx(0)
+        products.pagoda_q4_set_amx(0)
+    return step, products
 
 
 def main() -> None:
@@ -76,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before_step, before_products = build_revision(args.before, pathlib.Path(tmp))
     builds = {args.before: (before_step, before_products),
-              "working tree": (runner.fused_decode.lib, qmatmul.library())}
+              "working tree": (runner.fused_decode.lib, native.library())}
     times = {name: {"fused": [], "head": [], "step": []} for name in builds}
     current = {"name": None}
 
@@ -103,12 +108,12 @@ def main() -> None:
     for i in range(args.steps):
         name = order[i % 2]
         current["name"] = name
-        runner.fused_decode.lib, qmatmul._state["lib"] = builds[name]
+        runner.fused_decode.lib, native._state["lib"] = builds[name]
         t0 = time.perf_counter()
         engine.step()
         times[name]["step"].append(time.perf_counter() - t0)
     current["name"] = None
-    runner.fused_decode.lib, qmatmul._state["lib"] = builds["working tree"]
+    runner.fused_decode.lib, native._state["lib"] = builds["working tree"]
     while engine.has_unfinished_requests():
         engine.step()
 

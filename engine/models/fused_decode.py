@@ -143,7 +143,7 @@ class FusedDecode:
         scratch = self._grow("_scratch", lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b))
         out = torch.empty(b, shape.hidden, dtype=self.dtype)
         lib.pagoda_decode_step(
-            ctypes.addressof(self.layers), len(self.layers), self.final_norm, ctypes.byref(shape), b,
+            self.layers, len(self.layers), self.final_norm, ctypes.byref(shape), b,
             x.data_ptr(), int(x.dtype is torch.bfloat16), positions.data_ptr(), slots.data_ptr(),
             tables.data_ptr(), ctx.data_ptr(), self.cos_sin.data_ptr(), out.data_ptr(),
             int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())

@@ -106,7 +106,7 @@ def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_di
     assert torch.allclose(flat[:, :, slot], torch_kv, rtol=1e-3, atol=1e-4)
 
 
-# 20 rows: from 16 the kernels deal work out to whichever thread is free (qmatmul.c DYNAMIC_ROWS)
+# 20 rows: from 16 the kernels deal work out to whichever thread is free (DYNAMIC_ROWS, pagoda_kernels.h)
 MANY = (5, 9, 40, 12, 33, 7, 2, 25, 18, 30, 3, 44, 11, 20, 6, 15, 28, 9, 4, 35)
 
 

@@ -1,7 +1,8 @@
-"""The engine's own CPU kernels, in C: compiled at first use by the machine's C compiler for the
-machine's own instruction set (``-march=native``), cached, and called through ctypes.
+"""The engine's own CPU kernels, in C: one library (every .c here and ``pagoda_kernels.h``) compiled
+at first use by the machine's C compiler for the machine's own instruction set (``-march=native``),
+cached, and called through ctypes with the signatures native.py declares.
 
-Nothing here needs torch's headers, so a build takes about a second; without a compiler, or on a
-CPU without AVX2/FMA/F16C, ``build.load`` returns None and the engine keeps torch's kernels.
+Nothing here needs torch's headers, so a build takes seconds; without a compiler, or on a CPU
+without AVX2/FMA/F16C, ``native.library()`` returns None and the engine keeps torch's kernels.
 PAGODA_NATIVE_KERNELS=0 turns them off.
 """

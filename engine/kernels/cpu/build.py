@@ -1,11 +1,11 @@
-"""Compile a kernel source beside this file into a shared library once per source, compiler and
-CPU, and load it with ctypes.
+"""Compile the kernel sources beside this file (every ``*.c``, with ``pagoda_kernels.h``) into one
+shared library once per sources, compiler and CPU, and load it with ctypes (native.py declares it).
 
 The library goes to ``$PAGODA_KERNEL_CACHE`` (default ``~/.cache/pagoda/kernels``) under a name
-hashed from the source, the compiler's version and the CPU's model and flags, so a changed source
-or another machine builds afresh and a cached file is never one built for a different CPU. It links
-the OpenMP runtime torch itself loaded, so the kernels' threads are torch's threads, not a second
-pool competing with them for the cores.
+hashed from every source and the header (names and text), the compiler's version and the CPU's
+model and flags, so a changed file or another machine builds afresh and a cached file is never
+one built for a different CPU. It links the OpenMP runtime torch itself loaded, so the kernels'
+threads are torch's threads, not a second pool competing with them for the cores.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import threading
 logger = logging.getLogger(__name__)
 
 HERE = pathlib.Path(__file__).resolve().parent
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+NAME = "pagoda_kernels"
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 NATIVE = ("-march=native",)  # the instruction set of the machine that builds (and runs) it
 # under PAGODA_MAX_CPU_ISA (engine.cpu_info): AVX2 + FMA + F16C + BMI2 only, or all but AMX
 CAPPED = {"avx2": ("-march=x86-64-v3", "-mtune=native"),
@@ -73,14 +74,27 @@ def _torch_openmp() -> pathlib.Path | None:
     return found[0] if found else None
 
 
-def _compile(source: pathlib.Path, target: pathlib.Path, compiler: str, arch: tuple[str, ...]) -> None:
+def sources(folder: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """The library's files in ``folder`` (default: here), sorted: the .c files it is compiled
+    from and the header they include."""
+    return sorted((folder or HERE).glob("*.[ch]"))
+
+
+def units(folder: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """The .c files of ``folder`` (default: here), compiled and linked together."""
+    return [p for p in sources(folder) if p.suffix == ".c"]
+
+
+def _compile(files: list[pathlib.Path], target: pathlib.Path, compiler: str,
+             arch: tuple[str, ...]) -> None:
+    """``files`` (.c) compiled and linked together into the library ``target``."""
     gomp = _torch_openmp()
     link = [f"-Wl,-rpath,{gomp.parent}", str(gomp)] if gomp else []
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *arch, str(source), "-o", tmp, *link], check=True,
+        subprocess.run([compiler, *FLAGS, *arch, *map(str, files), "-o", tmp, *link], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)  # atomic: a concurrent build of the same name loses nothing
     finally:
@@ -96,38 +110,42 @@ def default_arch() -> tuple[str, ...]:
     return CAPPED[cap] if cap else NATIVE
 
 
-def load(name: str, arch: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
-    """The library built from ``HERE / f"{name}.c"`` for ``arch`` (compiler flags; default:
-    ``default_arch()``), or None (disabled, no compiler, build failed: logged once)."""
+def load(arch: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+    """The library built from the sources here for ``arch`` (compiler flags; default:
+    ``default_arch()``), undeclared (native.library() is the engine's, declared), or None
+    (disabled, no compiler, build failed: logged once)."""
     arch = arch or default_arch()
-    key = f"{name} {' '.join(arch)}"
+    key = " ".join(arch)
     with _lock:
         if key in _loaded:
             return _loaded[key]
-        _loaded[key] = lib = _build_and_load(name, arch) if enabled() else None
+        _loaded[key] = lib = _build_and_load(arch) if enabled() else None
         return lib
 
 
-def _build_and_load(name: str, arch: tuple[str, ...]) -> ctypes.CDLL | None:
+def _build_and_load(arch: tuple[str, ...]) -> ctypes.CDLL | None:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         logger.info("no C compiler: native CPU kernels off, torch's kernels in use")
         return None
-    source = HERE / f"{name}.c"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                                  timeout=30).stdout
-        # every source here, since one may include another (decode_step.c includes qmatmul.c)
-        sources = [p.read_text() for p in sorted(HERE.glob("*.[ch]"))]
-        digest = hashlib.sha256("\0".join(
-            [name, *sources, version, " ".join(FLAGS + arch), _cpu_identity()]
-        ).encode()).hexdigest()[:16]
-        target = cache_dir() / f"{name}-{digest}.so"
+        target = cache_dir() / f"{NAME}-{digest(version, arch)}.so"
         if not target.exists():
-            _compile(source, target, compiler, arch)
-            logger.info("built native CPU kernel %s", target)
+            _compile(units(), target, compiler, arch)
+            logger.info("built native CPU kernels %s", target)
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
-        logger.warning("native CPU kernel %s not built (%s): torch's kernels in use", name, detail)
+        logger.warning("native CPU kernels not built (%s): torch's kernels in use", detail)
         return None
+
+
+def digest(compiler_version: str, arch: tuple[str, ...]) -> str:
+    """The build's name in the cache: every source and the header (name and text), the compiler,
+    the flags and the CPU."""
+    files = [f"{p.name}\0{p.read_text()}" for p in sources()]
+    return hashlib.sha256("\0".join(
+        [NAME, *files, compiler_version, " ".join(FLAGS + arch), _cpu_identity()]
+    ).encode()).hexdigest()[:16]

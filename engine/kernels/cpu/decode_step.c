@@ -17,91 +17,14 @@
    its own arithmetic), the products through qmatmul.c's row-invariant
    tiles. So a sequence's tokens do not depend on the batch, the thread count or where its blocks
    lie in the pool. All threads run the whole step in one parallel region, with a barrier
-   between phases (an OpenMP fork per product cost more than the work of a small layer). */
+   between phases (an OpenMP fork per product cost more than the work of a small layer).
 
-#include "qmatmul.c"
+   This file: the step's driver, norms and rotary; attention is attention.c's, the products
+   qmatmul.c's. */
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <math.h>
+#include "pagoda_kernels.h"
 
-typedef struct {
-    int64_t bits; /* 4 or 8 */
-    const uint8_t *w;
-    const uint16_t *d, *m; /* m: NULL for int8 */
-    const float *bias;     /* NULL or float32 [n] */
-    int64_t n;
-} pg_proj;
-
-typedef struct {
-    const float *in_norm, *post_norm; /* float32 [hidden] */
-    pg_proj qkv, o, gate_up, down;
-    void *k_cache, *v_cache; /* [slots, KVH, D] in the pool dtype */
-} pg_layer;
-
-typedef struct {
-    int64_t hidden, heads, kv_heads, head_dim, inter, block_size, table_width;
-    float eps, scale;
-    int64_t kv_bf16, num_threads;
-} pg_shape;
-
-static inline float bf16_to_f32(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* exp(x) to about 2 ulp (Cephes' expf polynomial), written so the compiler vectorises a loop of it
-   (the clamp as comparisons: fminf/fmaxf stayed library calls, and SiLU's loop scalar, 8 ms of a
-   32-row step). A NaN stays NaN. */
-static inline float pg_exp(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    x = x > 88.3f ? 88.3f : x;
-    const float n = rintf(x * 1.44269504088896341f);
-    float f = fmaf(n, -0.693359375f, x);
-    f = fmaf(n, 2.12194440e-4f, f);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, f, 1.3981999507e-3f);
-    p = fmaf(p, f, 8.3334519073e-3f);
-    p = fmaf(p, f, 4.1665795894e-2f);
-    p = fmaf(p, f, 1.6666665459e-1f);
-    p = fmaf(p, f, 5.0000001201e-1f);
-    const float e = fmaf(p * f, f, f) + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return e * scale;
-}
-
-#if !defined(__AVX512F__)
-/* pg_exp on 8 lanes, the same operations in the same order per lane (the same bits). */
-static inline __m256 pg_exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
-    x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-    x = _mm256_blendv_ps(x, hi, _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    f = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), f);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, f), f, f), _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
-}
-#endif
-
+#if defined(PG_NATIVE)
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
@@ -132,317 +55,9 @@ static void rotate(float *x, const float *cs, int64_t D) {
     for (int64_t i = half; i < D; i++) x[i] = tmp[i] * cs[i] + tmp[i - half] * cs[D + i];
 }
 
-/* Most query heads of one KV head attend() takes at once; a larger group is split into chunks of
-   this many. A work item holds at most PG_MAX_ITEM_HEADS heads of PG_ITEM_FLOATS floats together. */
-#define PG_MAX_GROUP 8
-#define PG_MAX_ITEM_HEADS 32
-#define PG_ITEM_FLOATS 4096
-
-/* One K or V row [D] of the pool as float32: the row itself (float32 pool) or widened into buf. */
-static inline __attribute__((always_inline)) const float *kv_row(const char *p, int bf16, float *buf,
-                                                                  const int64_t D) {
-    if (!bf16) return (const float *)p;
-    const uint16_t *b = (const uint16_t *)p;
-#pragma omp simd
-    for (int64_t i = 0; i < D; i++) buf[i] = bf16_to_f32(b[i]);
-    return buf;
-}
-
-/* q . k over D (a multiple of PG_LANES, or not) in PG_LANES partial sums, added pairwise at the
-   end: a simd reduction's lanes were added one after another, a chain of 16 dependent adds per
-   token that bound attention. */
-#define PG_LANES 16
-static inline __attribute__((always_inline)) float dot(const float *q, const float *k, const int64_t D) {
-    float part[PG_LANES] = {0.0f};
-    int64_t i = 0;
-    for (; i + PG_LANES <= D; i += PG_LANES) {
-#pragma omp simd
-        for (int64_t l = 0; l < PG_LANES; l++) part[l] = fmaf(q[i + l], k[i + l], part[l]);
-    }
-    for (int64_t l = 0; i < D; i++, l++) part[l] = fmaf(q[i], k[i], part[l]);
-    for (int64_t w = PG_LANES / 2; w > 0; w /= 2) {
-#pragma omp simd
-        for (int64_t l = 0; l < w; l++) part[l] += part[l + w];
-    }
-    return part[0];
-}
-
-#if defined(__AVX512F__)
-/* scores[g * bs + j] = dot(q_g, k_j) for the n (at most 16) K rows from kb (row stride rstride
-   bytes), each dot's 16 partial sums formed as dot() forms them and then added in dot()'s own
-   pairs (lane l with l + 8, l + 4, l + 2, l + 1) for 16 tokens at once: lanes of 16 part vectors
-   are exchanged so every addition serves 16 lanes, instead of a horizontal sum per token (most of
-   attention's instructions, measured). The same bits as dot(); D a multiple of 16. */
-static inline __attribute__((always_inline)) void scores16(const float *q, int64_t nh, const char *kb,
-                                                           int64_t rstride, int bf16, int64_t n,
-                                                           float *scores, int64_t bs, const int64_t D) {
-    /* token j's part vector goes to slot sigma(j): the exchanges below put slot sigma(l) at lane l */
-    static const int sigma[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
-    __m512 part[PG_MAX_GROUP][16];
-    for (int64_t j = 0; j < 16; j++) {
-        __m512 k[512 / 16];
-        if (j < n) {
-            for (int64_t c = 0; c < D / 16; c++) {
-                const char *src = kb + j * rstride + c * 16 * (bf16 ? 2 : 4);
-                k[c] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src)), 16))
-                            : _mm512_loadu_ps((const float *)src);
-            }
-        }
-        for (int64_t g = 0; g < nh; g++) {
-            __m512 acc = _mm512_setzero_ps();
-            if (j < n)
-                for (int64_t c = 0; c < D / 16; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + c * 16), k[c], acc);
-            part[g][sigma[j]] = acc;
-        }
-    }
-    const __mmask16 keep = (__mmask16)((1u << n) - 1u);
-    for (int64_t g = 0; g < nh; g++) {
-        const __m512 *p = part[g];
-        __m512 a[8], b[4], c[2];
-        for (int t = 0; t < 8; t++) /* [lanes 0-7 of slot t + lanes 8-15 | the same of slot t + 8] */
-            a[t] = _mm512_add_ps(_mm512_shuffle_f32x4(p[t], p[t + 8], 0x44),
-                                 _mm512_shuffle_f32x4(p[t], p[t + 8], 0xee));
-        for (int t = 0; t < 4; t++) /* quarters: lanes 0-3 + 4-7 of slots t, t + 8, t + 4, t + 12 */
-            b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[t], a[t + 4], 0x88),
-                                 _mm512_shuffle_f32x4(a[t], a[t + 4], 0xdd));
-        for (int t = 0; t < 2; t++) /* within each quarter: lanes 0-1 + 2-3 */
-            c[t] = _mm512_add_ps(_mm512_shuffle_ps(b[t], b[t + 2], 0x44),
-                                 _mm512_shuffle_ps(b[t], b[t + 2], 0xee));
-        const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
-                                         _mm512_shuffle_ps(c[0], c[1], 0xdd));
-        _mm512_mask_storeu_ps(scores + g * bs, keep, sum);
-    }
-}
-#else
-/* AVX2: scores[g * bs + j] = dot(q_g, k_j) for the n (at most 8) K rows from kb, 8 tokens at
-   once: each dot's 16 partial sums formed as dot() forms them (two 8-lane FMA chains, chunks of 8
-   alternating between them), then added in dot()'s own pairs (lane l with l + 8, l + 4, l + 2,
-   l + 1) by exchanging lanes between the 8 tokens' vectors, so each addition serves 8 tokens
-   instead of a horizontal sum per token and head. The same bits as dot(); D a multiple of 16. */
-static inline __attribute__((always_inline)) void scores8(const float *q, int64_t nh, const char *kb,
-                                                          int64_t rstride, int bf16, int64_t n,
-                                                          float *scores, int64_t bs, const int64_t D) {
-    __m256 a[PG_MAX_GROUP][8]; /* [head][token]: part[l] + part[l + 8] */
-    for (int64_t j = 0; j < 8; j++) {
-        if (j >= n) {
-            for (int64_t g = 0; g < nh; g++) a[g][j] = _mm256_setzero_ps();
-            continue;
-        }
-        const char *src = kb + j * rstride;
-        __m256 k[512 / 8];
-        for (int64_t c = 0; c < D / 8; c++) k[c] = load8(src + c * 8 * (bf16 ? 2 : 4), bf16);
-        for (int64_t g = 0; g < nh; g++) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-            for (int64_t c = 0; c < D / 8; c += 2) {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + c * 8), k[c], s0);
-                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + c * 8 + 8), k[c + 1], s1);
-            }
-            a[g][j] = _mm256_add_ps(s0, s1);
-        }
-    }
-    for (int64_t g = 0; g < nh; g++) {
-        const __m256 *p = a[g];
-        __m256 x[4], y[2];
-        for (int t = 0; t < 4; t++) /* [l + (l + 4) of token t | the same of token t + 4] */
-            x[t] = _mm256_add_ps(_mm256_permute2f128_ps(p[t], p[t + 4], 0x20),
-                                 _mm256_permute2f128_ps(p[t], p[t + 4], 0x31));
-        for (int t = 0; t < 2; t++) /* within each half: lanes 0-1 + 2-3 of tokens 2t, 2t + 1 */
-            y[t] = _mm256_add_ps(_mm256_shuffle_ps(x[2 * t], x[2 * t + 1], 0x44),
-                                 _mm256_shuffle_ps(x[2 * t], x[2 * t + 1], 0xee));
-        /* lanes 0 + 1: tokens 0-3 in the low half, 4-7 in the high */
-        const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(y[0], y[1], 0x88),
-                                         _mm256_shuffle_ps(y[0], y[1], 0xdd));
-        if (n == 8) _mm256_storeu_ps(scores + g * bs, sum);
-        else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, sum);
-            for (int64_t j = 0; j < n; j++) scores[g * bs + j] = tmp[j];
-        }
-    }
-}
-#endif
-
-#if !defined(__AVX512F__)
-/* acc [nh, D] += p [nh, bs] times the block's n V rows from vb (row stride rbytes), 16 columns at a
-   time held in registers over the block (through memory, the accumulators were a load and a store
-   per 8 columns, token and head). Each element's sum runs over the tokens in order, as before. */
-static inline __attribute__((always_inline)) void accumulate_v(float *acc, const float *p, int64_t bs,
-                                                               const int nh, const char *vb, int64_t rbytes,
-                                                               int bf16, int64_t n, const int64_t D) {
-    for (int64_t c = 0; c < D; c += 16) {
-        __m256 a0[PG_MAX_GROUP], a1[PG_MAX_GROUP];
-        for (int g = 0; g < nh; g++) {
-            a0[g] = _mm256_loadu_ps(acc + g * D + c);
-            a1[g] = _mm256_loadu_ps(acc + g * D + c + 8);
-        }
-        const char *vc = vb + c * (bf16 ? 2 : 4);
-        for (int64_t j = 0; j < n; j++) {
-            const __m256 v0 = load8(vc + j * rbytes, bf16), v1 = load8(vc + j * rbytes + 8 * (bf16 ? 2 : 4), bf16);
-            for (int g = 0; g < nh; g++) {
-                const __m256 pj = _mm256_broadcast_ss(p + g * bs + j);
-                a0[g] = _mm256_fmadd_ps(pj, v0, a0[g]);
-                a1[g] = _mm256_fmadd_ps(pj, v1, a1[g]);
-            }
-        }
-        for (int g = 0; g < nh; g++) {
-            _mm256_storeu_ps(acc + g * D + c, a0[g]);
-            _mm256_storeu_ps(acc + g * D + c + 8, a1[g]);
-        }
-    }
-}
-#endif
-
-/* A work item's query heads: nh (at most PG_MAX_GROUP) of each of the nkv KV heads from kvh0,
-   q [nkv * nh, D] (already scaled; KV head kvh0 + i's heads are rows i * nh ...), over their
-   sequence's ctx cached tokens: softmax(q K^T) V into out [nkv * nh, D], a block of the table at a
-   time (online softmax). Each K and V row is read and widened once for a KV head's nh heads (one
-   head a time measured compute-bound: a per-token dot's reduction, and the accumulator through
-   memory, per head), and an item holding every KV head of its row reads each token's K and V
-   rows whole, a block's rows one contiguous run instead of a KV head's strided slices of them
-   (64 rows at 300 tokens: 0.95x the step's time with AVX2). Each head's arithmetic is its own,
-   in the same order whatever heads share its item. D is a constant in the callers below, so the
-   inner loops unroll into registers. */
-static inline __attribute__((always_inline)) void
-attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_layer *L,
-             const pg_shape *s, const int32_t *table, int64_t ctx, float *out, const int64_t D) {
-    const int64_t bs = s->block_size, row = s->kv_heads * D, heads = nkv * nh;
-    const int bf16 = (int)s->kv_bf16;
-    const int64_t esize = bf16 ? 2 : 4, rbytes = row * esize;
-    float acc[PG_ITEM_FLOATS], scores[PG_MAX_ITEM_HEADS * 256], kbuf[512];
-    float mx[PG_MAX_ITEM_HEADS], total[PG_MAX_ITEM_HEADS];
-    for (int64_t g = 0; g < heads; g++) {
-        mx[g] = -INFINITY, total[g] = 0.0f;
-        for (int64_t i = 0; i < D; i++) acc[g * D + i] = 0.0f;
-    }
-    for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
-        const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
-        const int64_t base = (int64_t)table[t0 / bs] * bs;
-        const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * esize;
-        const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * esize;
-        for (int64_t i = 0; i < nkv; i++) {
-            const float *qi = q + i * nh * D;
-            const char *ki = kb + i * D * esize;
-            float *si = scores + i * nh * bs;
-#if defined(__AVX512F__)
-            if (D % 16 == 0) {
-                for (int64_t j0 = 0; j0 < n; j0 += 16)
-                    scores16(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 16 ? n - j0 : 16,
-                             si + j0, bs, D);
-                continue;
-            }
-#else
-            if (D % 16 == 0) {
-                for (int64_t j0 = 0; j0 < n; j0 += 8)
-                    scores8(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 8 ? n - j0 : 8, si + j0,
-                            bs, D);
-                continue;
-            }
-#endif
-            for (int64_t j = 0; j < n; j++) {
-                const float *k = kv_row(ki + j * rbytes, bf16, kbuf, D);
-                for (int64_t g = 0; g < nh; g++) si[g * bs + j] = dot(qi + g * D, k, D);
-            }
-        }
-        for (int64_t g = 0; g < heads; g++) {
-            float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : bmax)
-            for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
-            if (bmax > mx[g]) { /* rescale what came before to the new maximum */
-                const float r = pg_exp(mx[g] - bmax);
-                total[g] *= r;
-#pragma omp simd
-                for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
-                mx[g] = bmax;
-            }
-            const float m = mx[g];
-            int64_t j = 0;
-#if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
-            __m256 lanes = _mm256_setzero_ps();
-            for (; j + 8 <= n; j += 8) {
-                const __m256 e = pg_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m)));
-                _mm256_storeu_ps(sg + j, e);
-                lanes = _mm256_add_ps(lanes, e);
-            }
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
-#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
-            for (int64_t t = j; t < n; t++) {
-                sg[t] = pg_exp(sg[t] - m);
-                sum += sg[t];
-            }
-            total[g] += sum;
-        }
-#if !defined(__AVX512F__)
-        if (D % 16 == 0 && nh <= 4) { /* a switch: the heads a constant, their sums in registers */
-            for (int64_t i = 0; i < nkv; i++) {
-                float *ai = acc + i * nh * D;
-                const float *pi = scores + i * nh * bs;
-                const char *vi = vb + i * D * esize;
-                switch (nh) {
-                    case 1: accumulate_v(ai, pi, bs, 1, vi, rbytes, bf16, n, D); break;
-                    case 2: accumulate_v(ai, pi, bs, 2, vi, rbytes, bf16, n, D); break;
-                    case 3: accumulate_v(ai, pi, bs, 3, vi, rbytes, bf16, n, D); break;
-                    default: accumulate_v(ai, pi, bs, 4, vi, rbytes, bf16, n, D); break;
-                }
-            }
-            continue;
-        }
-#endif
-        for (int64_t j = 0; j < n; j++) {
-            for (int64_t i = 0; i < nkv; i++) {
-                const float *v = kv_row(vb + j * rbytes + i * D * esize, bf16, kbuf, D);
-                for (int64_t g = i * nh; g < (i + 1) * nh; g++) {
-                    const float p = scores[g * bs + j];
-                    float *ag = acc + g * D;
-#pragma omp simd
-                    for (int64_t e = 0; e < D; e++) ag[e] = fmaf(p, v[e], ag[e]);
-                }
-            }
-        }
-    }
-    for (int64_t g = 0; g < heads; g++) {
-        const float inv = 1.0f / total[g];
-        for (int64_t i = 0; i < D; i++) out[g * D + i] = acc[g * D + i] * inv;
-    }
-}
-
-static void attend(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_layer *L,
-                   const pg_shape *s, const int32_t *table, int64_t ctx, float *out) {
-    /* D a constant where it is a common one */
-    if (s->head_dim == 64) attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, 64);
-    else if (s->head_dim == 128) attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, 128);
-    else attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, s->head_dim);
-}
-
-/* How a step's attention is cut into work items: a row's KV heads in kv_items parts (1: every KV
-   head of the row in one item), each KV head's query heads in chunks of chunk_heads. */
-typedef struct {
-    int64_t kv_items, chunks, chunk_heads;
-} pg_items;
-
-/* Attention's work item ``item``: (row, part of its KV heads, chunk of their query heads), into att. */
-static inline void attend_item(int64_t item, const pg_items *it, const float *qkv, int64_t qkv_n,
-                               const pg_layer *L, const pg_shape *s, const int32_t *tables,
-                               const int32_t *ctx, float *att) {
-    const int64_t KVH = s->kv_heads, D = s->head_dim, group = s->heads / KVH, chunks = it->chunks;
-    const int64_t nkv = KVH / it->kv_items, b = item / (it->kv_items * chunks);
-    const int64_t kvh0 = item / chunks % it->kv_items * nkv, c = item % chunks;
-    const int64_t h0 = kvh0 * group + c * it->chunk_heads;
-    const int64_t nh = group - c * it->chunk_heads < it->chunk_heads ? group - c * it->chunk_heads
-                                                                       : it->chunk_heads;
-    float q[PG_ITEM_FLOATS];
-    const float *src = qkv + b * qkv_n + h0 * D;
-    for (int64_t i = 0; i < nkv * nh * D; i++) q[i] = src[i] * s->scale;
-    attend(q, kvh0, nkv, nh, L, s, tables + b * s->table_width, ctx[b],
-           att + b * s->heads * D + h0 * D);
-}
-
 static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
                            uint8_t *scratch) {
-    matmul_team((int)p->bits, x, B, K, K, 0, p->w, p->d, p->m, p->n, p->bias, y, p->n, 0, scratch);
+    pg_matmul_team((int)p->bits, x, B, K, K, 0, p->w, p->d, p->m, p->n, p->bias, y, p->n, 0, scratch);
 }
 
 /* Largest head_dim and block_size attend() takes (its stack buffers). */
@@ -522,11 +137,11 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
             if (B >= DYNAMIC_ROWS) {
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t item = 0; item < items; item++)
-                    attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
+                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
             } else {
 #pragma omp for schedule(static)
                 for (int64_t item = 0; item < items; item++)
-                    attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
+                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
             }
             product(&L->o, att, B, H * D, tmp, scratch);
 #pragma omp barrier
@@ -557,10 +172,14 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
     }
 }
 
-#else
+#else /* no AVX2/FMA/F16C: pagoda_decode_max_head_dim() 0 says so */
 int64_t pagoda_decode_max_head_dim(void) { return 0; }
 int64_t pagoda_decode_max_block_size(void) { return 0; }
-int64_t pagoda_decode_work_floats(void) { return 0; }
-int64_t pagoda_decode_scratch_bytes(void) { return 0; }
-void pagoda_decode_step(void) {}
+int64_t pagoda_decode_work_floats(const pg_shape *s, int64_t B) { return 0 * B; }
+int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B) { return 0 * B; }
+void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float *final_norm,
+                        const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
+                        const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                        const int32_t *ctx, const float *cos_sin, void *out, int64_t out_bf16,
+                        float *work, uint8_t *scratch) {}
 #endif

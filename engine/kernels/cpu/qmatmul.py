@@ -22,45 +22,19 @@ import threading
 
 import torch
 
-from engine.kernels.cpu import build
+from engine.kernels.cpu import native
 
 BLOCK = 32
 DTYPES = (torch.float32, torch.bfloat16)  # activations and outputs the kernels read and write
 ISA_NAMES = {1: "avx2", 2: "avx-vnni", 3: "avx512", 4: "avx512-vnni"}
 _FP16_MAX = 65504.0
 _local = threading.local()
-_state: dict[str, object] = {}
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, None when they cannot run here (no compiler, no AVX2/FMA/F16C, off)."""
-    if "lib" not in _state:
-        lib = build.load("qmatmul")
-        if lib is not None:
-            lib = declare(lib)
-            if lib.pagoda_q4_isa() == 0:
-                lib = None
-            elif not build.env_switch("PAGODA_AMX"):
-                lib.pagoda_q4_set_amx(0)  # the VNNI tiles only (the same bits; for A/B runs)
-        _state["lib"] = lib
-    return _state["lib"]
-
-
-def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the C signatures on a loaded build of qmatmul.c."""
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.pagoda_q4_isa.restype = i32
-    lib.pagoda_q4_set_amx.argtypes = [i32]
-    lib.pagoda_q4_set_amx.restype = i32
-    lib.pagoda_q4_amx.restype = i32
-    lib.pagoda_q4_rows_per_group.restype = i32
-    lib.pagoda_q4_scratch_bytes.argtypes = [i64, i64]
-    lib.pagoda_q4_scratch_bytes.restype = i64
-    lib.pagoda_q4_matmul.argtypes = [p, i64, i64, i64, i32, p, p, p, i64, p, p, i64, i32, p, i32]
-    lib.pagoda_q4_matmul.restype = None
-    lib.pagoda_q8_matmul.argtypes = [p, i64, i64, i64, i32, p, p, i64, p, p, i64, i32, p, i32]
-    lib.pagoda_q8_matmul.restype = None
-    return lib
+    """The compiled kernels (native.library(): the fused decode step's library too), None when
+    they cannot run here (no compiler, no AVX2/FMA/F16C, off)."""
+    return native.library()
 
 
 def isa() -> str | None:
@@ -195,7 +169,7 @@ def int4_matmul(x: torch.Tensor, nibbles: torch.Tensor, d: torch.Tensor, m: torc
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [M, K] fp32 or bf16 (rows contiguous) -> y [M, N] (out_dtype, default x's); bias fp32 [N]
-    or None; ``lib``: another build of the kernels (tests), declared with ``declare``."""
+    or None; ``lib``: another build of the kernels (tests), declared with ``native.declare``."""
     return _call((lib or library()).pagoda_q4_matmul, x, nibbles.data_ptr(), d.data_ptr(),
                  m.data_ptr(), nibbles.shape[0] * nibbles.shape[3], bias, out_dtype)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from engine.kernels.cpu import build, qmatmul as q4
+from engine.kernels.cpu import build, native, qmatmul as q4
 from engine.layers.linear import LMHead
 from engine.quantization.int4 import (Int4WeightOnlyLinear, dequantize_int4, int4_linear_reference,
                                       quantize_int4)
@@ -126,19 +126,19 @@ def test_pack_keeps_every_weight_and_larger_groups_share_their_scale(group):
 
 
 def test_the_avx2_build_agrees_bit_for_bit_with_this_machines():
-    avx2 = build.load("qmatmul", ("-mavx2", "-mfma", "-mf16c"))
+    avx2 = build.load(("-mavx2", "-mfma", "-mf16c"))
     if avx2 is None:
         pytest.skip("the AVX2 build did not compile")
-    q4.declare(avx2)
+    native.declare(avx2)
     codes, scales, zeros = _weight(64, 576, seed=9)
     x = torch.randn(11, 576, dtype=torch.bfloat16)
-    native = q4.int4_matmul(x, *q4.pack_int4(codes, scales, zeros, 32))
+    here = q4.int4_matmul(x, *q4.pack_int4(codes, scales, zeros, 32))
     other = q4.int4_matmul(x, *q4.pack_int4(codes, scales, zeros, 32, rows=q4.rows_per_group(avx2)), lib=avx2)
-    assert torch.equal(native, other)
+    assert torch.equal(here, other)
     q, d = q4.quantize_int8_blocks(torch.randn(64, 576))
-    native8 = q4.int8_matmul(x, *q4.pack_int8(q, d), out_dtype=torch.float32)
+    here8 = q4.int8_matmul(x, *q4.pack_int8(q, d), out_dtype=torch.float32)
     other8 = q4.int8_matmul(x, *q4.pack_int8(q, d, rows=q4.rows_per_group(avx2)), out_dtype=torch.float32, lib=avx2)
-    assert torch.equal(native8, other8)
+    assert torch.equal(here8, other8)
 
 
 def test_int4_layer_runs_the_native_kernel_in_fp32_and_bf16():
@@ -156,6 +156,7 @@ def test_int4_layer_runs_the_native_kernel_in_fp32_and_bf16():
                                rtol=0, atol=1e-3)
 
 
+@pytest.mark.e2e  # an engine process of its own
 def test_turning_native_kernels_off_falls_back_to_torchs_kernel(tmp_path):
     script = ("import torch; from engine.quantization.int4 import Int4WeightOnlyLinear, quantize_int4;"
               "c, s, z = quantize_int4(torch.randn(32, 64), 32); l = Int4WeightOnlyLinear(c, s, z, 32);"
@@ -168,13 +169,14 @@ def test_turning_native_kernels_off_falls_back_to_torchs_kernel(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing was built
 
 
+@pytest.mark.slow  # compiles the library (every source, ~7 s on 2 cores)
 def test_the_build_is_cached_per_source_and_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(build, "_loaded", {})
-    assert build.load("qmatmul") is not None
+    assert build.load() is not None
     first = sorted(tmp_path.iterdir())
     monkeypatch.setattr(build, "_loaded", {})
-    assert build.load("qmatmul") is not None
+    assert build.load() is not None
     assert sorted(tmp_path.iterdir()) == first and len(first) == 1  # built once, then reused
 
 
@@ -219,6 +221,7 @@ def test_the_scratch_python_reserves_is_what_the_kernel_writes(k):
         assert q4._scratch_bytes(rows, k) == q4.library().pagoda_q4_scratch_bytes(rows, k)
 
 
+@pytest.mark.slow  # loads SmolLM2
 def test_a_tied_embedding_reads_the_lm_heads_int8_table_and_the_float_table_is_freed():
     from engine import LLM
     from engine.layers.int8_embedding import Int8Embedding
