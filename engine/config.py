@@ -1,13 +1,18 @@
-"""The engine's one configuration object and the schema of its user-settable fields.
+"""The engine's one configuration object, the schema of its user-settable fields, and the rules
+that resolve its settings against a device.
 
 ``SETTINGS`` describes every field a user may set (name, type, default, choices or range,
 help); the webapp, the console form, the CLI and the worker read it rather than copy it.
-Imports no torch (a test checks it), so the web process may import this module.
+``EngineConfig`` checks each value alone; the ``resolve_*`` / ``check_*`` functions decide what a
+setting means, or refuse it, once the device and the activation dtype are known (the runner, and
+engine/estimate.py beside it). Imports no torch (a test checks it), so the web process may import
+this module.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidParameterError
@@ -51,6 +56,40 @@ def resolve_kv_cache_dtype(setting: str, activation_dtype: str, device_type: str
     if (setting == "auto" and device_type == "cpu" and activation_dtype == "float32" and quantized
             and not use_triton):
         return "bfloat16"
+    return setting
+
+
+def check_kv_cache_dtype(setting: str, *, device_type: str, activation_dtype: str, use_triton: bool,
+                         compute_capability: Callable[[], tuple[int, int]]) -> None:
+    """InvalidParameterError naming kv_cache_dtype when the device, the activation dtype and the
+    kernels cannot serve ``setting``; ``compute_capability`` (the CUDA device's) is asked only
+    where it decides."""
+    if setting == "fp8_e4m3" and device_type == "cpu":
+        # torch's CPU float8 -> bf16 conversion is scalar: decode measured 4-5x the auto
+        # cache's step at 1,000 tokens and at 32 x 200 (bench/kv_cache_dtype.py)
+        raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 needs a CUDA device; on a CPU "
+                                    "use int8 (the same memory, the same tokens)")
+    if (setting == "fp8_e4m3" and use_triton and device_type == "cuda"
+            and compute_capability() < (8, 9)):
+        raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 in the Triton kernels needs a GPU "
+                                    "of compute capability 8.9 or later (Ada, Hopper); use int8")
+    if setting == "bfloat16" and use_triton and activation_dtype != "bfloat16":
+        raise InvalidParameterError("kv_cache_dtype", "bfloat16 under float32 activations is "
+                                    "the torch path's; the Triton kernels read the pool in the "
+                                    "activation dtype: use dtype bfloat16 (the same cache)")
+
+
+def resolve_use_triton(setting: bool | None, device_type: str) -> bool:
+    """use_triton unset: the Triton kernels on CUDA, the torch path (and native kernels) on a CPU."""
+    return setting if setting is not None else device_type == "cuda"
+
+
+def resolve_quantization(setting: str | None, device_type: str) -> str | None:
+    """Off the CPU auto keeps float weights: the int4/int8 layers' Triton kernels
+    (engine/kernels/quant_matmul.py) are tested interpreted and compiled for sm_90 but not yet
+    timed against bf16 cuBLAS on a GPU (bench/quant_matmul.py); int4 / int8 opt in."""
+    if setting == "auto" and device_type != "cpu":
+        return None
     return setting
 
 

@@ -10,11 +10,11 @@ table, safetensors headers and config.json) and returns an ``Estimate`` per tens
   on the CPU (when anything is quantized: with the native kernels an int8 table that a tied
   embedding shares, its float table freed, in bf16 or fp32; else in bf16 torch's int8 copy;
   else in fp32 oneDNN's copy); the RoPE table;
-- KV cache: 2 x layers x KV heads / TP x (head dim x bytes per element, or for an int8 / fp8
-  kv_cache_dtype head dim + a 4-byte scale) x tokens, where tokens is
-  num_kv_blocks x block_size, or what kv_cache_memory holds, or the CPU default (max_num_seqs x
-  max_model_len tokens within a tenth of memory); on CUDA without either, what
-  gpu_memory_utilization leaves of ``device_memory_bytes`` (when given);
+- KV cache, sized as the runner sizes its pool (engine/kv_pool_sizing.py): 2 x layers x KV
+  heads / TP x (head dim x bytes per element, or for an int8 / fp8 kv_cache_dtype head dim + a
+  4-byte scale) x tokens, where tokens is num_kv_blocks x block_size, or what kv_cache_memory
+  holds, or the CPU default (max_num_seqs x max_model_len tokens within a tenth of memory); on
+  CUDA without either, what gpu_memory_utilization leaves of ``device_memory_bytes`` (when given);
 - activations: the workspace of one step of max_num_batched_tokens (hidden states, QKV, the MLP's
   gate/up/activation), the logits and sampling buffers of max_num_seqs rows, and the attention
   workspace (one layer's K and V gathered for every token of the pool). Transient: freed after
@@ -32,8 +32,10 @@ from pathlib import Path
 
 from engine import cpu_info
 from engine.kernels.cpu import build as native_kernels
-from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig, resolve_kv_cache_dtype
+from engine.config import EngineConfig, resolve_kv_cache_dtype, resolve_quantization, resolve_use_triton
 from engine.errors import InvalidParameterError, ModelLoadError
+from engine.kv_pool_sizing import KV_SCALE_BYTES, kv_bytes_per_token, num_kv_blocks
+from engine.models.gguf_names import GGML_TYPES, NATIVE_LAYOUTS, hf_name
 from engine.models.registry import checkpoint_format, resolve_model_path
 
 MiB = 2**20
@@ -42,15 +44,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")  # split along the input columns; the res
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                      "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-# GGUF block types that load into a quantized layout without a float weight (Q4_K: its 32-column
-# sub-blocks are groups of 32; 5- and 6-bit types: int8, engine/quantization/gguf.py)
-GGUF_NATIVE = {"Q4_0": ("int4", 32), "Q4_1": ("int4", 32), "Q4_K": ("int4", 32), "Q8_0": ("int8", None),
-               "Q5_0": ("int8", None), "Q5_1": ("int8", None), "Q5_K": ("int8", None),
-               "Q6_K": ("int8", None)}
 # Float32 copies of a step's logits the sampler holds at once (logits, probabilities, the sorted
 # values of top-k/top-p, log-probabilities).
 LOGITS_COPIES = 4
-KV_SCALE_BYTES = 4  # the float32 scale of one token's 8-bit K (or V) row of one KV head
 
 
 @dataclass(frozen=True)
@@ -125,9 +121,7 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
             raise InvalidParameterError("tensor_parallel_size", f"{name} ({count}) is not divisible by {tp}")
     dtype = _activation_dtype(config.dtype, device)
     elem = DTYPE_BYTES[dtype]
-    quantization = config.quantization
-    if quantization == "auto" and device != "cpu":
-        quantization = None  # off the CPU auto keeps float weights (engine/model_runner.py)
+    quantization = resolve_quantization(config.quantization, device)
     dense_rows = (config.quantization_dense_rows if device == "cpu" and dtype == "bfloat16"
                   and cpu_info.has_fast_bf16() else None)
 
@@ -168,12 +162,12 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     weights += arch.max_position * rope_width * 4  # the float32 RoPE table, one per model
 
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
-    use_triton = config.use_triton if config.use_triton is not None else device != "cpu"
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device,
                                             quantized=layouts["int4"] + layouts["int8"] > 0,
-                                            use_triton=use_triton)
-    kv_per_token = (2 * arch.num_layers * (arch.num_kv_heads // tp)
-                    * kv_bytes_per_token_head(kv_cache_dtype, arch.head_dim, elem))
+                                            use_triton=resolve_use_triton(config.use_triton, device))
+    kv_per_token = kv_bytes_per_token(kv_cache_dtype, num_layers=arch.num_layers,
+                                      num_kv_heads=arch.num_kv_heads // tp, head_dim=arch.head_dim,
+                                      elem=elem)
     kv_tokens = _kv_tokens(config, device, kv_per_token, max_model_len, device_memory_bytes,
                            weights)
     kv_bytes = kv_tokens * kv_per_token
@@ -182,17 +176,6 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
                     activation_bytes=int(activations), reader_bytes=int(reader_bytes),
                     tokenizer_bytes=arch.vocab_size * TOKENIZER_BYTES_PER_TOKEN,
                     kv_tokens=int(kv_tokens), dtype=dtype, tensor_parallel_size=tp, layouts=layouts)
-
-
-def kv_bytes_per_token_head(kv_cache_dtype: str, head_dim: int, elem: int) -> int:
-    """Bytes of one token's K (or V) row of one KV head in the pool: head_dim elements of the
-    activation dtype (``elem`` bytes; kv_cache_dtype bfloat16: 2 bytes), or 8-bit codes and a
-    float32 scale (kv_cache_dtype int8 / fp8_e4m3, engine/layers/kv_quant.py)."""
-    if kv_cache_dtype == "auto":
-        return head_dim * elem
-    if kv_cache_dtype == "bfloat16":
-        return head_dim * 2
-    return head_dim + KV_SCALE_BYTES
 
 
 def _activation_dtype(name: str, device: str) -> str:
@@ -228,19 +211,20 @@ def _projection_bytes(layout: tuple, out_f: int, in_f: int, elem: int, dense_row
 
 def _kv_tokens(config: EngineConfig, device: str, kv_per_token: int, max_model_len: int,
                device_memory_bytes: int | None, weights: int) -> int:
-    block = config.block_size
-    ceiling = config.max_num_seqs * -(-max_model_len // block)
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks * block
-    if config.kv_cache_memory is not None:
-        budget = config.kv_cache_memory
-    elif device != "cpu":
+    """The runner's pool (engine/kv_pool_sizing.py); on a GPU what gpu_memory_utilization leaves
+    beside the weights, or without device_memory_bytes the most the scheduler could use."""
+    def device_budget() -> int | None:
         if device_memory_bytes is None:
-            return ceiling * block  # the most the scheduler could use; the device decides
-        budget = int(config.gpu_memory_utilization * device_memory_bytes) - weights
-    else:
-        budget = int(CPU_KV_CACHE_MEMORY_FRACTION * cpu_info.total_memory_bytes()) or 1 << 30
-    return max(0, min(budget // (kv_per_token * block), ceiling)) * block
+            return None
+        return int(config.gpu_memory_utilization * device_memory_bytes) - weights
+
+    try:
+        blocks = num_kv_blocks(config, device_type=device, max_model_len=max_model_len,
+                               bytes_per_block=kv_per_token * config.block_size,
+                               device_budget=device_budget)
+    except MemoryError:  # the budget holds no block
+        blocks = 0
+    return blocks * config.block_size
 
 
 def _activation_bytes(config: EngineConfig, kv_cache_dtype: str, arch: _Arch, tp: int, elem: int,
@@ -277,7 +261,8 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
     name = field("general.architecture")
     hidden = int(field(f"{name}.embedding_length"))
     heads = int(field(f"{name}.attention.head_count"))
-    tensors = [_Tensor(_gguf_to_hf(t_name), tuple(reversed(dims)), GGUF_NATIVE.get(GGML_TYPES.get(kind)))
+    tensors = [_Tensor(hf_name(t_name) or t_name, tuple(reversed(dims)),
+                       NATIVE_LAYOUTS.get(GGML_TYPES.get(kind)))
                for t_name, dims, kind in infos]  # GGUF lists dims [in, out]
     vocab = next(t.shape[0] for t in tensors if t.name == "model.embed_tokens.weight")
     arch = _Arch(vocab_size=vocab, hidden_size=hidden,
@@ -296,8 +281,6 @@ READER_BYTES_PER_PART = 666
 # The engine's own tokenizer (transformers' fast tokenizer: vocabulary, merges, added tokens), in
 # RssAnon after malloc_trim: 34.7 and 35.8 MB for SmolLM2's 49,152 tokens in two configurations.
 TOKENIZER_BYTES_PER_TOKEN = 720
-GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K",
-              13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
@@ -345,22 +328,6 @@ def _gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int]], in
             kind, _offset = read("<I"), read("<Q")
             infos.append((t_name, dims, kind))
     return fields, infos, parts
-
-
-# GGUF tensor names -> the Hugging Face ones the estimate needs (gguf_loader.py has the full map,
-# beside torch): the projections and the embedding / LM head; anything else is a norm or a bias.
-GGUF_PROJECTIONS = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
-                    "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
-GGUF_GLOBALS = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
-
-
-def _gguf_to_hf(name: str) -> str:
-    if name in GGUF_GLOBALS:
-        return GGUF_GLOBALS[name]
-    parts = name.split(".")  # blk.N.attn_q.weight
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in GGUF_PROJECTIONS:
-        return f"model.layers.{parts[1]}.{GGUF_PROJECTIONS[parts[2]]}.{parts[3]}"
-    return name
 
 
 def _read_safetensors(path: Path) -> tuple[_Arch, list[_Tensor], int]:

@@ -9,14 +9,15 @@ from dataclasses import dataclass
 import torch
 
 from engine import cpu_info
-from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig, resolve_kv_cache_dtype
+from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_dtype,
+                           resolve_quantization, resolve_use_triton)
 from engine.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
-from engine.estimate import kv_bytes_per_token_head
 from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
 from engine.input_batch import build_input_batch
+from engine.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
 from engine.layers import kv_quant
 from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace, kv_cache_shape
@@ -91,34 +92,18 @@ class ModelRunner:
         """The model with its weights, the sampler and the KV pool."""
         config, model_config = self.config, self.model_config
         self.dtype = resolve_dtype(config.dtype, self.device)
-        if config.kv_cache_dtype == "fp8_e4m3" and self.device.type == "cpu":
-            # torch's CPU float8 -> bf16 conversion is scalar: decode measured 4-5x the auto
-            # cache's step at 1,000 tokens and at 32 x 200 (bench/kv_cache_dtype.py)
-            raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 needs a CUDA device; on a CPU "
-                                        "use int8 (the same memory, the same tokens)")
         self.block_size = config.block_size
-        self.use_triton = (config.use_triton if config.use_triton is not None
-                           else self.device.type == "cuda")
-        if (config.kv_cache_dtype == "fp8_e4m3" and self.use_triton and self.device.type == "cuda"
-                and torch.cuda.get_device_capability(self.device) < (8, 9)):
-            raise InvalidParameterError("kv_cache_dtype", "fp8_e4m3 in the Triton kernels needs a GPU "
-                                        "of compute capability 8.9 or later (Ada, Hopper); use int8")
-        if (config.kv_cache_dtype == "bfloat16" and self.use_triton
-                and self.dtype != torch.bfloat16):
-            raise InvalidParameterError("kv_cache_dtype", "bfloat16 under float32 activations is "
-                                        "the torch path's; the Triton kernels read the pool in the "
-                                        "activation dtype: use dtype bfloat16 (the same cache)")
+        self.use_triton = resolve_use_triton(config.use_triton, self.device.type)
+        check_kv_cache_dtype(config.kv_cache_dtype, device_type=self.device.type,
+                             activation_dtype=str(self.dtype).removeprefix("torch."),
+                             use_triton=self.use_triton,
+                             compute_capability=lambda: torch.cuda.get_device_capability(self.device))
         with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
                 self.tp_group):
             self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
         self.model.eval()
         native = getattr(weights, "native_layouts", dict)()
-        # Off the CPU auto keeps float weights: the int4/int8 layers' Triton kernels
-        # (engine/kernels/quant_matmul.py) are tested interpreted and compiled for sm_90 but not yet
-        # timed against bf16 cuBLAS on a GPU (bench/quant_matmul.py); int4 / int8 opt in.
-        quantization = config.quantization
-        if quantization == "auto" and self.device.type != "cpu":
-            quantization = None
+        quantization = resolve_quantization(config.quantization, self.device.type)
         self.quantization_plan = plan_layouts(self.model, native, quantization,
                                               config.quantization_group_size)
         self.kv_cache_dtype = resolve_kv_cache_dtype(  # what the pool stores (auto resolved)
@@ -141,7 +126,10 @@ class ModelRunner:
         self._share_vocabulary_table()
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
-        self.num_blocks = self._num_kv_blocks()
+        self.num_blocks = num_kv_blocks(config, device_type=self.device.type,
+                                        max_model_len=self.max_model_len,
+                                        bytes_per_block=self.bytes_per_block,
+                                        device_budget=self._profiled_kv_budget)
         if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
             self.num_blocks = self.tp_group.all_reduce_min(self.num_blocks)
         self.kv_pool, self.kv_scale_pool, self.kv_caches = self._allocate_kv_pool()
@@ -224,38 +212,26 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         cfg = self.model_config
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        per_head = kv_bytes_per_token_head(self.kv_cache_dtype, cfg.head_dim, elem)
-        return 2 * cfg.num_hidden_layers * (cfg.num_key_value_heads // self.tp) * per_head * self.block_size
+        return self.block_size * kv_bytes_per_token(
+            self.kv_cache_dtype, num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads // self.tp, head_dim=cfg.head_dim,
+            elem=torch.tensor([], dtype=self.dtype).element_size())
 
     @property
     def kv_cache_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
-    def _num_kv_blocks(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        if self.config.kv_cache_memory is not None:
-            budget = self.config.kv_cache_memory
-        elif self.device.type == "cuda":
-            cfg = self.model_config
-            self.memory_profile = profile_memory(
-                self.model, self.sampler, utilization=self.config.gpu_memory_utilization,
-                max_num_batched_tokens=self.config.max_num_batched_tokens,
-                max_num_seqs=self.config.max_num_seqs, max_model_len=self.max_model_len,
-                block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads // self.tp,
-                head_dim=cfg.head_dim, num_layers=cfg.num_hidden_layers, dtype=self.dtype,
-                device=self.device, use_triton=self.use_triton)
-            budget = self.memory_profile.kv_budget_bytes
-        else:  # what the configuration needs (the ceiling below), within a share of memory
-            budget = int(CPU_KV_CACHE_MEMORY_FRACTION * cpu_info.total_memory_bytes()) or 1 << 30
-        # Never more than every running sequence at full length could use.
-        ceiling = self.config.max_num_seqs * -(-self.max_model_len // self.block_size)
-        num = min(budget // self.bytes_per_block, ceiling)
-        if num < 1:
-            raise MemoryError(f"the KV budget ({budget} bytes) does not hold one block "
-                              f"({self.bytes_per_block} bytes)")
-        return int(num)
+    def _profiled_kv_budget(self) -> int:
+        """What gpu_memory_utilization leaves the pool after a profiled step (CUDA)."""
+        cfg = self.model_config
+        self.memory_profile = profile_memory(
+            self.model, self.sampler, utilization=self.config.gpu_memory_utilization,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs, max_model_len=self.max_model_len,
+            block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads // self.tp,
+            head_dim=cfg.head_dim, num_layers=cfg.num_hidden_layers, dtype=self.dtype,
+            device=self.device, use_triton=self.use_triton)
+        return self.memory_profile.kv_budget_bytes
 
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
         """Decode graphs on CUDA unless enforce_eager; they need the Triton attention path,
@@ -264,7 +240,7 @@ class ModelRunner:
                 or self.tp > 1):  # no collectives inside graphs yet
             return None
         graphs = CudaGraphRunner(self.model, self.kv_caches, self.config.max_num_seqs,
-                                 -(-self.max_model_len // self.block_size), self.device)
+                                 max_blocks_per_seq(self.max_model_len, self.block_size), self.device)
         graphs.capture()
         return graphs
 

@@ -3,7 +3,6 @@ their own precision (Q4_0/Q4_1 -> Int4Weight, Q8_0 -> Int8Weight) for the tensor
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,43 +15,20 @@ from gguf.quants import dequantize
 from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
-from engine.estimate import GGUF_NATIVE
+from engine.models.gguf_names import NATIVE_LAYOUTS, hf_name
 from engine.quantization.gguf import int8_from_blocks, q4_k_to_int4, q4_to_int4
 from engine.quantization.int4 import Int4Weight
 from engine.quantization.int8 import Int8Weight
 
-# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
-LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# GGUF block type -> the layout it loads into without a float copy ("int4", group) / ("int8", None)
-NATIVE_LAYOUTS = GGUF_NATIVE  # block types that load quantized (engine/quantization/gguf.py)
 # llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
 
 
 def hf_tensor_name(gguf_name: str) -> str:
-    if gguf_name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[gguf_name]
-    match = LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in LAYER_TENSORS:
+    name = hf_name(gguf_name)
+    if name is None:
         raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in our models")
-    layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{LAYER_TENSORS[part]}.{kind}"
+    return name
 
 
 def _open(path: Path) -> GGUFReader:
