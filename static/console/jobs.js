@@ -1,15 +1,8 @@
 // Refreshes the jobs table every two seconds from jobs.json (rows built with textContent only).
 (function () {
   "use strict";
-  const REFRESH_MS = 2000;
-  const label = document.getElementById("refreshed");
+  const { cell, emptyRow, refreshEvery } = window.PagodaLive;
   const body = document.querySelector("#jobs tbody");
-
-  function cell(text) {
-    const td = document.createElement("td");
-    td.textContent = text;
-    return td;
-  }
 
   function row(job) {
     const tr = document.createElement("tr");
@@ -39,27 +32,8 @@
     return tr;
   }
 
-  function render(data) {
+  refreshEvery((data) => {
     body.replaceChildren(...data.jobs.map(row));
-    if (!data.jobs.length) {
-      const tr = document.createElement("tr");
-      const td = cell("No jobs yet.");
-      td.colSpan = 8;
-      tr.appendChild(td);
-      body.appendChild(tr);
-    }
-    label.textContent = "live · updated " + new Date().toLocaleTimeString();
-  }
-
-  async function refresh() {
-    try {
-      const response = await fetch(label.dataset.url, { headers: { Accept: "application/json" } });
-      if (response.ok) render(await response.json());
-      else label.textContent = "refresh failed (" + response.status + ")";
-    } catch (err) {
-      label.textContent = "refresh failed";
-    }
-  }
-
-  setInterval(refresh, REFRESH_MS);
+    if (!data.jobs.length) body.appendChild(emptyRow("No jobs yet.", 8));
+  });
 })();

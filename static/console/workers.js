@@ -1,19 +1,12 @@
 // Refreshes the workers table every two seconds from workers.json.
 (function () {
   "use strict";
-  const REFRESH_MS = 2000;
-  const label = document.getElementById("refreshed");
+  const { cell, emptyRow, refreshEvery } = window.PagodaLive;
   const body = document.querySelector("#workers tbody");
   const uncovered = document.getElementById("uncovered");
 
   const secs = (v) => (v === null || v === undefined ? "–" : v.toFixed(3));
   const pct = (v) => (v === null || v === undefined ? "–" : Math.round(v * 100) + " %");
-
-  function cell(text) {
-    const td = document.createElement("td");
-    td.textContent = text;
-    return td;
-  }
 
   // The effective engine settings, folded; a fold left open stays open across refreshes.
   function settingsCell(settings, isOpen) {
@@ -48,32 +41,14 @@
       tr.appendChild(settingsCell(w.engine_settings || {}, openRows.has(w.worker_id)));
       body.appendChild(tr);
     }
-    if (!data.workers.length) {
-      const tr = document.createElement("tr");
-      const td = cell("No workers.");
-      td.colSpan = 17;
-      tr.appendChild(td);
-      body.appendChild(tr);
-    }
+    if (!data.workers.length) body.appendChild(emptyRow("No workers.", 17));
     uncovered.replaceChildren(...data.uncovered.map((item) => {
       const p = document.createElement("p");
       p.className = "warning";
       p.textContent = `No worker serves ${item.model} v${item.version}.`;
       return p;
     }));
-    label.textContent = "live · updated " + new Date().toLocaleTimeString();
   }
 
-  async function refresh() {
-    try {
-      const response = await fetch(label.dataset.url, { headers: { Accept: "application/json" } });
-      if (response.ok) render(await response.json());
-      else label.textContent = "refresh failed (" + response.status + ")";
-    } catch (err) {
-      label.textContent = "refresh failed";
-    }
-  }
-
-  setInterval(refresh, REFRESH_MS);
-  refresh();
+  refreshEvery(render, { immediately: true });
 })();

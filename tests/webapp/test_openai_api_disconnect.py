@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from webapp.config.asgi import application
 from webapp.keys.enforcement import apikey_running_requests
 from webapp.keys.services import apikey_create
-from webapp.openai_api import generation, views
+from webapp.openai_api import generation, lifecycle
 from webapp.usage.models import UsageRecord
 from workers.protocol import Chunk
 
@@ -98,7 +98,7 @@ async def test_a_hang_up_at_any_stage_frees_the_slot_and_leaves_one_usage_record
     key, raw = api_key
     hold, engine = Hold(), None
     if stage == "admission":
-        monkeypatch.setattr(views, "generation_admit", hold.wrap_sync(views.generation_admit))
+        monkeypatch.setattr(lifecycle, "generation_admit", hold.wrap_sync(lifecycle.generation_admit))
     elif stage == "tokenizing":
         monkeypatch.setattr(generation, "generation_prepare", hold.wrap_sync(generation.generation_prepare))
     else:

@@ -1,8 +1,8 @@
-"""The staff console's pages: workers, metrics, usage, models (one URL per version operation) and keys."""
+"""The staff console's pages: workers, metrics, usage, jobs, models (one URL per version operation) and keys."""
 
 from django.urls import path
 
-from webapp.console import metrics_views, views
+from webapp.console import jobs, keys_views, metrics_views, model_views, views
 
 app_name = "console"
 urlpatterns = [
@@ -11,20 +11,9 @@ urlpatterns = [
     path("metrics.json", metrics_views.metrics_json, name="metrics-json"),
     path("usage/", views.usage_page, name="usage"),
     path("usage.csv", views.usage_csv, name="usage-csv"),
-]
-
-# The jobs page (webapp/console/jobs.py): validations and batches with live progress.
-from webapp.console import jobs  # noqa: E402
-
-urlpatterns += [
+    # Validations and batches with live progress (webapp/console/jobs.py).
     path("jobs/", jobs.jobs_page, name="jobs"),
     path("jobs.json", jobs.jobs_json, name="jobs-json"),
-]
-
-# The models page (webapp/console/model_views.py).
-from webapp.console import model_views  # noqa: E402
-
-urlpatterns += [
     path("models/", model_views.models_page, name="models"),
     path("models.json", model_views.models_json, name="models-json"),
     path("models/versions/<int:version_id>/activate/", model_views.version_activate, name="version-activate"),
@@ -35,12 +24,6 @@ urlpatterns += [
          name="version-update-settings"),
     path("models/versions/<int:version_id>/estimate.json", model_views.version_estimate,
          name="version-estimate"),
-]
-
-# The keys page (webapp/console/keys_views.py).
-from webapp.console import keys_views  # noqa: E402
-
-urlpatterns += [
     path("keys/", keys_views.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),

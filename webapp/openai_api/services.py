@@ -1,4 +1,5 @@
-"""Turning a validated API call into an engine request, and accounting for it when it ends.
+"""Turning a validated API call into an engine request, and accounting for it when it ends; the
+/tokenize and /detokenize answers, with the same served model's tokenizer.
 
 Everything here is synchronous (ORM); the async views call it through ``sync_to_async``.
 """
@@ -103,22 +104,32 @@ def _sampling_params(data: dict, max_tokens: int | None, logprobs: int | None) -
     return params
 
 
-def _template_messages(messages: list[dict]) -> list[dict]:
-    """The messages as the chat template renders them, without tools (tokenize_views uses it)."""
-    return template_messages(messages, None)
+def model_version_for_key(*, api_key: ApiKey, slug: str) -> ModelVersion:
+    """The active version of a model the key may use; 404 model_not_found otherwise."""
+    version = modelversion_get_active(slug=slug)
+    if version is None or not apikey_allows_model(api_key=api_key, model=version.model):
+        raise errors.model_not_found(slug)
+    return version
+
+
+def model_served(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, ModelTokenizer]:
+    """``model_version_for_key`` and its tokenizer; 503 model_not_ready while that is being exported."""
+    version = model_version_for_key(api_key=api_key, slug=slug)
+    if not version.tokenizer_dir:
+        raise errors.OpenAIError(503, f"the model {slug!r} is still being prepared", type="server_error",
+                                 param="model", code="model_not_ready")
+    return version, load_tokenizer(version.tokenizer_dir)
+
+
+def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> int:
+    """The context length the version is served with: its engine setting, else the tokenizer's."""
+    return version.engine_settings.get("max_model_len") or tokenizer.max_model_len
 
 
 def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
-    slug = values["model"]
-    version = modelversion_get_active(slug=slug)
-    if version is None or not apikey_allows_model(api_key=api_key, model=version.model):
-        raise errors.model_not_found(slug)
-    if not version.tokenizer_dir:
-        raise errors.OpenAIError(503, f"the model {slug!r} is still being prepared", type="server_error",
-                                 param="model", code="model_not_ready")
-    tokenizer = load_tokenizer(version.tokenizer_dir)
+    version, tokenizer = model_served(api_key=api_key, slug=values["model"])
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
         logprobs = (values.get("top_logprobs") or 0) if values.get("logprobs") else None
@@ -138,7 +149,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
         apikey_reserve(api_key=api_key, request_id=request_id, tokens=(values.get("n") or 1) * worst_case_tokens(
             num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
-            max_model_len=version.engine_settings.get("max_model_len") or tokenizer.max_model_len))
+            max_model_len=served_max_model_len(version, tokenizer)))
     except PriorityNotAllowed as exc:
         raise errors.invalid_parameter("priority", str(exc)) from exc
     except LimitExceeded as exc:
@@ -154,6 +165,33 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
         n=values.get("n") or 1, tools=values.get("tool_plan"))
+
+
+def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
+    """POST /tokenize's answer for a validated body: its ``prompt`` encoded as a completion prompt
+    is, or its ``messages`` rendered by the chat template as a chat completion's are."""
+    version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    add_special = values.get("add_special_tokens")
+    if "prompt" in values:
+        tokens = tokenizer.encode(values["prompt"], add_special_tokens=True if add_special is None else add_special)
+    else:
+        try:
+            text = tokenizer.render_chat(template_messages(values["messages"], None),
+                                         add_generation_prompt=values["add_generation_prompt"])
+        except ChatTemplateError as exc:
+            raise errors.invalid_parameter("messages", str(exc)) from exc
+        tokens = tokenizer.encode(text, add_special_tokens=bool(add_special))
+    return {"count": len(tokens), "max_model_len": served_max_model_len(version, tokenizer), "tokens": tokens}
+
+
+def tokens_detokenize(*, api_key: ApiKey, model: str, tokens: list[int]) -> dict:
+    """POST /detokenize's answer: the text of ``tokens``, special tokens included."""
+    _version, tokenizer = model_served(api_key=api_key, slug=model)
+    vocab = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    bad = [t for t in tokens if t >= vocab]
+    if bad:
+        raise errors.invalid_parameter("tokens", f"token ids must be below the vocabulary size {vocab}, got {bad[:5]}")
+    return {"prompt": tokenizer.tokenizer.decode(tokens, skip_special_tokens=False)}
 
 
 def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool = False,

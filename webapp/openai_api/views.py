@@ -3,10 +3,6 @@ makes one service call (the models list and retrieve through DRF, the completion
 
 from __future__ import annotations
 
-import asyncio
-import time
-
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -17,20 +13,15 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from webapp.config.shutdown import shutting_down, track, tracked, untrack
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
-from webapp.openai_api.body import body_parse
-from webapp.openai_api.gate import get_gate
-from webapp.openai_api.generation import generation_respond
+from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
                                           SamplingInputSerializer, check_tool_messages, limited)
+from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_version_for_key
 from webapp.openai_api.tool_calls import tool_plan
-from webapp.openai_api.services import (CHAT, COMPLETIONS, api_key_from_header, generation_admit,
-                                        new_request_id, request_refused_record)
-from webapp.registry.selectors import modelversion_get_active, modelversion_list_active
-from webapp.usage.group_commit import usage_record_save
+from webapp.registry.selectors import modelversion_list_active
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -44,7 +35,9 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 def openai_exception_handler(exc, context):
     """Every exception of the DRF views as an OpenAI error object; a failure of ours says only that."""
-    if isinstance(exc, APIException):  # DRF's own (405, 406...): their fixed messages
+    if isinstance(exc, ValidationError):  # an InputSerializer's refusal: the first bad parameter
+        exc = errors.from_validation_error(exc)
+    elif isinstance(exc, APIException):  # DRF's own (405, 406...): their fixed messages
         exc = errors.OpenAIError(exc.status_code, str(exc.detail), code=exc.default_code)
     elif not isinstance(exc, errors.OpenAIError):
         exc = errors.internal_error(exc)
@@ -79,10 +72,7 @@ class ModelRetrieveApi(OpenAIApiView):
     """GET v1/models/<model>."""
 
     def get(self, request, model: str):
-        version = modelversion_get_active(slug=model)
-        if version is None or not apikey_allows_model(api_key=request.auth, model=version.model):
-            raise errors.model_not_found(model)
-        return Response(_model_object(version))
+        return Response(_model_object(model_version_for_key(api_key=request.auth, slug=model)))
 
 
 class CompletionApiBase(View):
@@ -91,83 +81,23 @@ class CompletionApiBase(View):
     holding a thread per open stream and to learn at once that the client went away (Django
     cancels the view / closes the iterator, which aborts the generation in the engine).
 
-    ``dispatch`` plays the part of DRF's authentication and exception handler: the key is checked
-    first (401, no usage record), and any refusal after that (a bad body, a limit, the server
-    shutting down, the subclass's InputSerializer, an unknown model) leaves as an OpenAI error
-    object with a usage record named by the response's X-Request-Id.
-
-    From the key check on, the request is listed with config.shutdown's ``track`` until exactly one
-    usage record is written: by generation_respond once the request reaches the engine, else here,
-    whatever ends it: a refusal, a failure of ours, or the client hanging up (Django cancels this
-    task) while the body is checked, the request admitted or tokenized. Writing it releases what
-    admission took (the key's concurrency slot).
-    """
+    The key check, admission and the usage record of a refusal come before and around the
+    InputSerializer (webapp/openai_api/lifecycle.py), so the service calls ``validate`` once the
+    request is admitted."""
 
     endpoint: str
     InputSerializer: type[SamplingInputSerializer]
     http_method_names = ["post"]
 
-    async def dispatch(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if request.method.lower() not in self.http_method_names:
-            return self.http_method_not_allowed(request)
-        self.started, self.request_id, self.body = time.monotonic(), new_request_id(self.endpoint), None
-        self.place = None  # at webapp/openai_api/gate.py's gate, once admitted
-        try:
-            self.api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
-        except errors.OpenAIError as exc:
-            return exc.response()
-        track(self.request_id, asyncio.current_task(), cut=lambda: self.account(None))
-        try:
-            return await self.post(request)
-        except (errors.OpenAIError, ValidationError) as exc:
-            error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
-        except asyncio.CancelledError:  # the client went away (or the server is shutting down)
-            await self.account(None)
-            raise
-        except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
-            error = errors.internal_error(exc)
-        finally:
-            if self.place is not None:
-                self.place.release()
-        await self.account(error)
-        response = error.response()
-        response["X-Request-Id"] = self.request_id  # names its usage record
-        return response
-
     async def post(self, request: HttpRequest) -> HttpResponse:
-        await self.admit(request)
-        serializer = self.InputSerializer(data=self.body)
+        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate)
+
+    def validate(self, body) -> dict:
+        serializer = self.InputSerializer(data=body)
         serializer.is_valid(raise_exception=True)
-        return await generation_respond(request_id=self.request_id, endpoint=self.endpoint, api_key=self.api_key,
-                                        values=serializer.validated_data, started=self.started)
+        return serializer.validated_data
 
-    async def admit(self, request: HttpRequest) -> None:
-        """Parse the body into ``self.body``, let the key's limits admit the request, then the gate in
-        front of the model's queue (unless the body names no model: the serializer says so); OpenAIError if not."""
-        self.body = body_parse(request)
-        if shutting_down():
-            raise errors.server_shutting_down()
-        await sync_to_async(generation_admit)(api_key=self.api_key, request_id=self.request_id)
-        model = self.body.get("model") if isinstance(self.body, dict) else None
-        if isinstance(model, str) and model:
-            self.place = await get_gate().enter(model)
-
-    async def account(self, error: errors.OpenAIError | None) -> None:
-        """Write the usage record of a request that did not reach the engine (``error`` None: the
-        client left), unless one is written already: a generation records its own."""
-        entry = tracked(self.request_id)
-        if entry is None or entry.finishing:
-            return
-        entry.finishing = True
-        try:  # cancelled again meanwhile, the thread still builds the record and the group commit saves it
-            record = await sync_to_async(request_refused_record)(
-                request_id=self.request_id, endpoint=self.endpoint, api_key=self.api_key, data=self.body,
-                error=error, started=self.started)
-            await usage_record_save(record)
-        finally:
-            untrack(self.request_id, entry)
-
-    def http_method_not_allowed(self, request, *args, **kwargs):
+    async def http_method_not_allowed(self, request, *args, **kwargs):
         return errors.method_not_allowed(request.method, ["POST"]).response()
 
 
