@@ -1,10 +1,10 @@
 # Pagoda's entry points. Needs GNU make and python3 (3.11); everything else is installed here.
 #   make run    start Pagoda with the bundled model (DEBUG off, settings.serve)
 #   make dev    the same with DEBUG on (settings.local): for development on this machine only
-#   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x") on SQLite,
-#               then the database tests (POSTGRES_TESTS) again on a throwaway PostgreSQL server
+#   make test   install what the tests need, then run the whole suite (PYTEST_ARGS="-k x") on SQLite
+#               in TEST_WORKERS processes, then the tests marked db_engine again on a throwaway PostgreSQL
 #   make test-postgres  only that second run (needs initdb/pg_ctl/postgres on PATH: Debian's postgresql-15)
-#   make test-fast  the same without tests marked slow (servers, browsers, real model): the edit-run loop
+#   make test-fast  the edit-run loop (under 2 minutes): no test marked slow, browser, e2e or gpu
 #   make stack  distributed mode on this machine (PostgreSQL, Redis, 2 Daphne, 2 engine workers, Celery
 #               worker and beat under honcho): see deploy/stack/launch.py; Ctrl-C stops it
 
@@ -24,9 +24,21 @@ PORT ?= 8000
 # Pending connections the listening socket holds (Twisted's default of 50 resets a burst at connect).
 BACKLOG ?= 1024
 PYTEST_ARGS ?=
+# pytest-xdist processes for make test (each has its own test database, ports, Redis servers and
+# temporary folders); 0 runs in this process. --dist loadfile keeps a file's tests (and their
+# module-scoped servers) on one worker.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# The slowest phases of the run are listed at its end, so the next person sees where time goes.
+DURATIONS ?= 25
 # Run a second time with DATABASE_URL on a PostgreSQL server started (and removed) for the run,
-# with PYTEST_ARGS too: when PYTEST_ARGS names test files, set POSTGRES_TESTS to the database ones.
-POSTGRES_TESTS ?= tests/webapp
+# with PYTEST_ARGS too: the tests whose outcome depends on the database engine (pytest.ini).
+POSTGRES_TESTS ?= -m "db_engine or postgres" tests/webapp
+FAST_MARKERS = not slow and not browser and not e2e and not gpu
+# The marker guard (tests/marker_guard.py) holds an unmarked test to pytest.ini's 2 s in make
+# test-fast; in make test the same tests run beside Daphne, Chromium and model loads on the other
+# worker, so there they get three times that before a run fails on a loaded machine's noise.
+FULL_RUN_GUARD = -o marker_guard_seconds=6 -o marker_guard_shared_seconds=60
 BENCH_ARGS ?=
 # make stack: the folder of its PostgreSQL cluster (kept between runs; delete it for a fresh one),
 # pid files and secret key; its ports; the model both engine workers serve. The admin comes from
@@ -67,17 +79,17 @@ system-deps:
 # Both runs happen even when the first fails; the target fails if either did.
 test: system-deps venv
 	@status=0; \
-	$(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest $(XDIST) $(FULL_RUN_GUARD) --durations=$(DURATIONS) $(PYTEST_ARGS) || status=$$?; \
 	$(MAKE) --no-print-directory test-postgres || status=$$?; \
 	exit $$status
 
 # deploy/stack/postgres.py: initdb into a temporary folder, a free loopback port, stopped and
 # removed afterwards, even when the tests fail or are interrupted.
 test-postgres: venv
-	$(PY) -m deploy.stack.postgres run -- $(PY) -m pytest $(POSTGRES_TESTS) $(PYTEST_ARGS)
+	$(PY) -m deploy.stack.postgres run -- $(PY) -m pytest $(XDIST) $(FULL_RUN_GUARD) $(POSTGRES_TESTS) $(PYTEST_ARGS)
 
-test-fast: system-deps venv
-	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+test-fast: venv
+	$(PY) -m pytest $(XDIST) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # Embedded mode: SQLite, the engine worker inside the web process, Celery tasks eager. Settings:
 # webapp.config.settings.serve (manage.py's and asgi.py's default): DEBUG off, static files served

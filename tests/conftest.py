@@ -1,24 +1,54 @@
-"""Suite-wide hooks and fixtures: GPU tests skip themselves without CUDA; a place for artifacts."""
+"""Suite-wide hooks and fixtures: GPU tests skip themselves without CUDA; a place for artifacts;
+one compute thread per core under pytest-xdist."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.postgres import MARKERS as DATABASE_MARKERS
 from tests.postgres import postgres_server, skip_other_vendors  # noqa: F401 - a fixture of the whole suite
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS_DIR = REPO_ROOT / "test-artifacts"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    for line in DATABASE_MARKERS:
-        config.addinivalue_line("markers", line)
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist each worker (and the servers it starts, which inherit the variable) gets
+    its share of the cores for torch's and the native kernels' OpenMP threads. Left at the
+    default, two workers on two cores run four spinning OpenMP teams, and every parallel region
+    waits on a descheduled peer (tests/workers/conftest.py gives its worker processes one thread
+    for the same reason). Runs before
+    torch is imported (conftest files load before test modules); an explicit OMP_NUM_THREADS
+    wins, and tests that compare thread counts set theirs themselves."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
+_share_cores_between_workers()
+
+
+# Fixtures whose every user is expensive, and the marker it gets (pytest.ini): a test that
+# requests one, directly or through another fixture, is marked here, whatever order the tests
+# run in (the guard in tests/marker_guard.py charges a shared fixture to whichever test is first).
+MARKER_OF_FIXTURE = {
+    "redis_server": "e2e",  # a redis-server process
+    "serving_pair": "e2e",  # two engine worker processes (tests/workers/conftest.py)
+    "postgres_server": "e2e",  # initdb and a postgres process
+    "embedded_site": "e2e", "redis_site": "e2e",  # Daphne with workers (tests/e2e/conftest.py)
+    "hf_smollm2": "slow",  # transformers' float32 load of the bundled GGUF
+    "smollm2_llm": "slow",  # the bundled SmolLM2 in the engine (tests/engine: test_llm_engine, test_hf_parity)
+    "smollm2_gguf_tokenizer": "slow",  # transformers' tokenizer converted from the GGUF (test_detokenizer)
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in set(getattr(item, "fixturenames", ())) & MARKER_OF_FIXTURE.keys():
+            item.add_marker(MARKER_OF_FIXTURE[name])
     skip_other_vendors(items)  # @pytest.mark.postgres / @pytest.mark.sqlite: see tests/postgres.py
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:

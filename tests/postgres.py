@@ -6,7 +6,7 @@ on PostgreSQL by hand:
 
     .venv/bin/python -m deploy.stack.postgres run -- .venv/bin/python -m pytest tests/webapp/test_x.py
 
-Markers (registered in tests/conftest.py):
+Markers (declared in pytest.ini with the suite's others):
 
 - ``@pytest.mark.postgres``: the test needs PostgreSQL as Django's database (full-text search,
   row locks that SQLite does not have); skipped in the SQLite run.
@@ -25,10 +25,6 @@ from pathlib import Path
 
 import pytest
 
-MARKERS = [
-    "postgres: needs PostgreSQL as Django's database; skipped unless DATABASE_URL points at PostgreSQL",
-    "sqlite: about SQLite itself; skipped when DATABASE_URL points at PostgreSQL",
-]
 HOW_TO_RUN = "python -m deploy.stack.postgres run -- python -m pytest ..."
 
 

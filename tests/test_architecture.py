@@ -75,6 +75,7 @@ def test_allowed_flows_pass_including_webapp_reaching_engine_through_workers_and
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("module", "line", "contract_id"),
     [

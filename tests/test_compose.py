@@ -36,12 +36,14 @@ def resolved() -> dict:
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.slow
 @needs_compose
 def test_docker_compose_validates_the_file_as_shipped():
     result = compose("config", "-q")
     assert (result.returncode, result.stderr) == (0, "")
 
 
+@pytest.mark.e2e
 @needs_compose
 def test_the_stack_refuses_to_start_without_a_secret_key():
     env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
@@ -50,6 +52,7 @@ def test_the_stack_refuses_to_start_without_a_secret_key():
     assert result.returncode != 0 and "set SECRET_KEY" in result.stderr
 
 
+@pytest.mark.slow
 @needs_compose
 def test_web_workers_and_validation_job_share_the_models_volume(resolved):
     services = resolved["services"]
@@ -98,6 +101,7 @@ def test_monitoring_configuration_is_mounted_from_files_in_the_repository(resolv
     assert prometheus["rule_files"] == ["/etc/prometheus/rules/*.yml"]
 
 
+@pytest.mark.e2e
 def test_the_image_can_collect_static_files_under_production_settings(tmp_path):
     (tmp_path / "collect_settings.py").write_text("from webapp.config.settings.production import *  # noqa\n"
                                                   f"STATIC_ROOT = {str(tmp_path / 'static')!r}\n")
@@ -119,6 +123,7 @@ def _bootstrap(root: Path, **extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_bootstrap_migrates_registers_the_bundled_model_and_creates_the_admin_once(tmp_path):
     first = _bootstrap(tmp_path, PAGODA_ADMIN_USER="root", PAGODA_ADMIN_PASSWORD="s3cret-pass")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -148,6 +153,7 @@ def _healthcheck(*args: str, redis_url: str = "redis://127.0.0.1:1/0") -> subpro
                           text=True, timeout=60, env={**os.environ, "REDIS_URL": redis_url})
 
 
+@pytest.mark.e2e
 def test_the_worker_health_check_wants_a_fresh_heartbeat_from_its_own_host(redis_server):
     import socket
     import time

@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.sites import REPO_ROOT, TINY_SETTINGS, make_site
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 MODEL = "swap"
 USERNAME, PASSWORD = "switcher", "switch-versions-safely"

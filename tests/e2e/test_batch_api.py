@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.sites import TINY_SETTINGS, make_site, readyz_ok
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 MODEL = "tiny"
 ENV = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_BATCH_MAX_IN_FLIGHT": "4", "PAGODA_BATCH_HEARTBEAT_S": "0.5"}

@@ -10,6 +10,8 @@ from playwright.sync_api import expect
 from tests.e2e.test_chat_browser import ask, browser, manage  # noqa: F401
 from tests.e2e.test_chat_reattach_browser import logged_in_page
 
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
 USERNAME, PASSWORD = "branch-tester", "branch-tester-pw-93"
 QUESTIONS = ("Name a fruit.", "Name a colour.", "Name an animal.")
 

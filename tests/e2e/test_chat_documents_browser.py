@@ -20,6 +20,8 @@ from tests.e2e.test_chat_branches_browser import answered
 from tests.e2e.test_chat_browser import ask, browser, manage  # noqa: F401
 from tests.e2e.test_chat_reattach_browser import logged_in_page
 
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
 USERNAME, PASSWORD = "document-tester", "document-tester-pw-58"
 PREFILL_TIMEOUT_MS = 400_000  # ~6,000 prompt tokens on two shared CPU cores
 CAPTAINS = "Mora Quinn Okafor Lindqvist Haddad Brennan Ito Castell Duarte Varga Nakamura Ferreira Sato".split()

@@ -13,6 +13,8 @@ from tests.e2e.test_chat_branches_browser import answered
 from tests.e2e.test_chat_browser import browser, manage  # noqa: F401
 from tests.e2e.test_chat_reattach_browser import logged_in_page
 
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
 USERNAME, PASSWORD = "keyboard-tester", "keyboard-tester-pw-31"
 # Every control's accessible name, as far as a page script can tell: labels, aria-label(ledby),
 # its text, title or placeholder.

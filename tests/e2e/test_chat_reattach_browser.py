@@ -15,6 +15,8 @@ from playwright.sync_api import expect
 
 from tests.e2e.test_chat_browser import CHROMIUM, CSP_LISTENER, MODEL, TIMEOUT_MS, ask, browser, manage  # noqa: F401
 
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
 USERNAME, PASSWORD = "reattach-tester", "reattach-tester-pw-77"
 
 

@@ -34,7 +34,7 @@ from websockets.asyncio.client import connect
 from tests.e2e.sites import TINY_SETTINGS, Site, free_port, make_site
 from workers.redis_transport import RedisEngineClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 MODEL = "tiny"
 USERNAME, PASSWORD = "relay-tester", "relay-tester-pw-41"
 LONG = 400

@@ -28,7 +28,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from tests.e2e.sites import TINY_SETTINGS, make_site
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 CHROMIUM = "/usr/bin/chromium"
 MODEL = "console-tiny"

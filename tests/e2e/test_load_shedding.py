@@ -24,7 +24,7 @@ import redis
 
 from tests.e2e.sites import TINY_SETTINGS, Site, make_site
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 MODEL = "shed"
 MAX_QUEUED = 4

@@ -32,7 +32,7 @@ from tests.e2e.sites import READYZ_TOKEN, REPO_ROOT, TINY_SETTINGS, Site, free_p
 from workers.protocol import Reply
 from workers.redis_transport import RedisEngineClient, reply_stream
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(find_binary("initdb") is None, reason="PostgreSQL's initdb is not installed")]
 
 MODEL = "tiny"

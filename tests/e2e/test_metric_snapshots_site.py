@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.sites import TINY_SETTINGS, make_site, readyz_ok
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 INTERVAL_S = 0.5
 

@@ -8,7 +8,7 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import apply_chat_template, load_tokenizer
 from tests.e2e.sites import READYZ_TOKEN
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 STORY = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
 PROMPT = "The lighthouse keeper opened the door and"

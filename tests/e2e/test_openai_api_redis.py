@@ -9,7 +9,7 @@ import pytest
 from engine.sampling_params import SamplingParams
 from tests.e2e.sites import READYZ_TOKEN
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 HEARTBEAT_S = 1.5  # a worker heartbeat (with its stats) is at most this old
 STORY = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]

@@ -7,7 +7,7 @@ import pytest
 
 from engine.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 STORY = [{"role": "system", "content": "You tell short stories."},
          {"role": "user", "content": "Tell me a story about a lighthouse keeper, café and 🍰."}]

@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # Short strings and bounded arrays: a 135M model on a busy CPU must finish within max_tokens.
 SCHEMAS = {

@@ -25,7 +25,7 @@ from tests.e2e.sites import TINY_SETTINGS, Site, make_site
 from workers.protocol import HEARTBEAT_INTERVAL_S, Reply
 from workers.redis_transport import RedisEngineClient, reply_stream
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAIR, BRIEF = "pair", "brief"
 # Four sequences a worker: a burst of twelve long requests cannot all fit in one of them.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def test_the_request_id_follows_a_request_from_the_web_process_into_the_workers_log(redis_site):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 USERNAME, PASSWORD = "search-tester", "search-tester-pw-73"

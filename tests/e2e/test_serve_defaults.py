@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.sites import REPO_ROOT, Site
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 USERNAME, PASSWORD = "serve-tester", "serve-tester-pw-77"
 

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import LONG_CONTEXT
 from tests.e2e.sites import make_site, readyz_ok
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 LONG = dict(model="tiny", prompt="Once upon a time", temperature=0, max_tokens=LONG_CONTEXT - 192,
             extra_body={"ignore_eos": True})

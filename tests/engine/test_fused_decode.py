@@ -70,6 +70,7 @@ def _rows_by_length(seqs, hidden):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, request):
@@ -88,6 +89,7 @@ def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, toler
         assert error < tolerance, f"row {row}: relative error {error:.2e}"
 
 
+@pytest.mark.slow
 def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_dir):
     runner = _runner(tiny_llama_dir)
     seqs = _sequences(lengths=(20,))
@@ -110,6 +112,7 @@ def test_fused_step_writes_the_tokens_kv_where_the_torch_path_does(tiny_llama_di
 MANY = (5, 9, 40, 12, 33, 7, 2, 25, 18, 30, 3, 44, 11, 20, 6, 15, 28, 9, 4, 35)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lengths", [(5, 37, 70, 18), MANY], ids=["4 rows", "20 rows"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype,
@@ -136,6 +139,7 @@ def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(t
     assert torch.equal(_decode(runner, [(tokens, moved)])[0], together[2])
 
 
+@pytest.mark.slow
 def test_greedy_tokens_are_the_same_alone_and_beside_arriving_prefills(tiny_llama_dir):
     """Through the engine: a decode step that shares its step with another request's prefill
     (the prefill rows take the torch path, the decode rows the fused one) changes nothing."""
@@ -156,6 +160,7 @@ def test_greedy_tokens_are_the_same_alone_and_beside_arriving_prefills(tiny_llam
     assert outs["a"] == alone
 
 
+@pytest.mark.slow
 def test_the_fused_step_stays_off_where_it_does_not_apply(tiny_llama_dir, monkeypatch):
     assert _runner(tiny_llama_dir, kv_cache_dtype="int8").fused_decode is None  # 8-bit cache
     float_llm = LLM(str(tiny_llama_dir), quantization="none", num_kv_blocks=64, max_model_len=256)

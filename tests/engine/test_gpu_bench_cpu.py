@@ -14,6 +14,7 @@ CPU_ARGS = ["--device", "cpu", "--dtype", "float32", "--models", "tiny", "--batc
             "--max-num-batched-tokens", "16", "--skip-parity"]
 
 
+@pytest.mark.slow
 def test_bench_runs_end_to_end_on_cpu_and_prints_both_engines(capsys):
     assert bench.main(CPU_ARGS) == 0
     out = capsys.readouterr().out
@@ -77,6 +78,7 @@ def test_random_weight_runner_is_seeded_and_matches_transformers_shapes():
     assert sum(p.numel() for p in hf.parameters()) == sum(v.numel() for v in a.values())
 
 
+@pytest.mark.slow
 def test_bench_greedy_parity_reports_identical_outputs_for_the_same_weights(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 

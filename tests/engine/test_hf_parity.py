@@ -58,6 +58,7 @@ def assert_same(outputs, reference):
         assert out.token_ids == ref, f"prompt {i}: engine {out.token_ids} != transformers {ref}"
 
 
+@pytest.mark.slow
 def test_smollm2_batch_of_mixed_lengths_matches_transformers(smollm2_llm, smollm2_prompts,
                                                               smollm2_reference):
     assert len({len(p) for p in smollm2_prompts}) == len(smollm2_prompts)
@@ -67,6 +68,7 @@ def test_smollm2_batch_of_mixed_lengths_matches_transformers(smollm2_llm, smollm
     smollm2_llm.engine.block_manager.check_all_free()
 
 
+@pytest.mark.slow
 def test_smollm2_chunked_prefill_matches_transformers(smollm2_path, smollm2_prompts,
                                                       smollm2_reference):
     llm = LLM(str(smollm2_path), max_num_batched_tokens=16, num_kv_blocks=256, **EXACT)
@@ -75,6 +77,7 @@ def test_smollm2_chunked_prefill_matches_transformers(smollm2_path, smollm2_prom
     llm.engine.block_manager.check_all_free()
 
 
+@pytest.mark.slow
 def test_smollm2_preemption_matches_transformers(smollm2_path, smollm2_prompts, smollm2_reference):
     # 14 blocks of 16 tokens: the longest request alone needs ~8, all five together ~30.
     llm = LLM(str(smollm2_path), num_kv_blocks=14, enable_prefix_caching=False, **EXACT)
@@ -84,6 +87,7 @@ def test_smollm2_preemption_matches_transformers(smollm2_path, smollm2_prompts, 
     llm.engine.block_manager.check_all_free()
 
 
+@pytest.mark.slow
 def test_prefix_cache_reuses_system_prompt_blocks_without_changing_output(
         smollm2_llm, smollm2_tokenizer, hf_smollm2):
     system = ("You are Pagoda's assistant. Answer briefly and precisely, cite no sources, "
@@ -104,6 +108,7 @@ def test_prefix_cache_reuses_system_prompt_blocks_without_changing_output(
     smollm2_llm.engine.block_manager.check_all_free()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir"])
 def test_tiny_random_models_match_transformers(fixture, request):
     from transformers import AutoModelForCausalLM

@@ -37,6 +37,7 @@ def test_freed_heap_chunks_stop_being_resident_after_release_idle_heap():
     libc.free(pin)
 
 
+@pytest.mark.slow
 def test_engine_releases_the_heap_once_when_its_last_request_finishes(tiny_llama_dir, monkeypatch):
     calls = []
 

@@ -100,6 +100,7 @@ def bad_detokenizer_raises(engine, monkeypatch):
     monkeypatch.setattr(engine, "add_request", add_request)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inject", [bad_rows_raise_in_sampler, bad_rows_raise_building_metadata,
                                     bad_tokens_raise_in_forward, bad_detokenizer_raises])
 def test_failing_request_is_failed_alone_while_neighbours_continue(engine, alone, inject, monkeypatch):

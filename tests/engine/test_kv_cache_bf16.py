@@ -21,6 +21,7 @@ def _answers(outputs):
     return [(o.token_ids, [t.logprob for t in o.logprobs]) for o in outputs]
 
 
+@pytest.mark.slow
 def test_a_bf16_pool_holds_twice_the_float32_tokens_in_the_same_memory(tiny_llama_dir):
     tokens = {}
     for kv in ("auto", "bfloat16"):
@@ -34,6 +35,7 @@ def test_a_bf16_pool_holds_twice_the_float32_tokens_in_the_same_memory(tiny_llam
     assert tokens["bfloat16"] / tokens["auto"] == pytest.approx(2, rel=0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", [None, "int4"])
 def test_the_greedy_answer_does_not_depend_on_prefix_cache_chunking_or_the_decode_path(
         tiny_llama_dir, quantization, monkeypatch):
@@ -57,6 +59,7 @@ def test_the_greedy_answer_does_not_depend_on_prefix_cache_chunking_or_the_decod
             assert max(abs(a - b.logprob) for a, b in zip(logprobs, out.logprobs)) < 1e-3
 
 
+@pytest.mark.slow
 def test_bf16_kv_answers_follow_the_float32_cache(tiny_llama_dir):
     outputs = {k: LLM(str(tiny_llama_dir), kv_cache_dtype=k, num_kv_blocks=64, **SETTINGS)
                .generate(PROMPTS, PARAMS) for k in ("auto", "bfloat16")}
@@ -66,12 +69,14 @@ def test_bf16_kv_answers_follow_the_float32_cache(tiny_llama_dir):
         assert 0 < diff < 0.02  # rounded (not the float32 cache by mistake), and close
 
 
+@pytest.mark.slow
 def test_the_triton_path_refuses_a_bf16_pool_under_float32_naming_the_setting(tiny_llama_dir):
     with pytest.raises(InvalidParameterError, match="kv_cache_dtype"):
         LLM(str(tiny_llama_dir), kv_cache_dtype="bfloat16", use_triton=True, num_kv_blocks=64,
             **SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization, stored", [("none", torch.float32), ("int4", torch.bfloat16)])
 def test_auto_stores_bf16_under_float32_only_over_quantized_projections(tiny_llama_dir, quantization,
                                                                          stored):

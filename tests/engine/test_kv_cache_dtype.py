@@ -17,6 +17,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 4, "Once upon a tim
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, elem", [("bfloat16", 2), ("float32", 4)])
 def test_an_8bit_kv_cache_holds_about_twice_the_bf16_tokens_in_the_same_memory(tiny_llama_dir, dtype, elem):
     tokens = {}
@@ -35,6 +36,7 @@ def test_an_8bit_kv_cache_holds_about_twice_the_bf16_tokens_in_the_same_memory(t
     assert tokens["int8"] / tokens["auto"] == pytest.approx(head_dim * elem / (head_dim + 4), rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["int8"])
 def test_8bit_kv_greedy_answer_is_the_same_with_and_without_prefix_cache_and_chunking(tiny_llama_dir, kv):
     chunked = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype=kv, num_kv_blocks=64,
@@ -50,6 +52,7 @@ def test_8bit_kv_greedy_answer_is_the_same_with_and_without_prefix_cache_and_chu
             [t.logprob for t in c.logprobs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv, tol", [("int8", 0.02)])
 def test_8bit_kv_answers_follow_the_float_cache(tiny_llama_dir, kv, tol):
     outputs = {k: LLM(str(tiny_llama_dir), dtype="float32", kv_cache_dtype=k, num_kv_blocks=64,
@@ -106,6 +109,7 @@ def test_writes_and_gathers_through_one_pool_allocation_match_separate_tensors()
         separate, torch.tensor([40]), torch.float32)[1][0].bfloat16().float())
 
 
+@pytest.mark.slow
 def test_fp8_kv_cache_on_a_cpu_is_refused_naming_the_setting(tiny_llama_dir):
     with pytest.raises(InvalidParameterError) as err:
         LLM(str(tiny_llama_dir), kv_cache_dtype="fp8_e4m3", num_kv_blocks=8, **SETTINGS)

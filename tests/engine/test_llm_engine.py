@@ -13,7 +13,7 @@ def tiny(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path):
+def smollm2_llm(smollm2_path):
     return LLM(str(smollm2_path), num_kv_blocks=256, max_model_len=1024)
 
 
@@ -25,6 +25,7 @@ def drain(engine: LLMEngine) -> dict[str, list]:
     return outs
 
 
+@pytest.mark.slow
 def test_generate_returns_results_in_input_order_with_text_and_finish_reason(tiny):
     prompts = [[5, 6, 7], [8] * 30, [9, 10]]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9, 5)]
@@ -35,15 +36,16 @@ def test_generate_returns_results_in_input_order_with_text_and_finish_reason(tin
     assert outs[1].text == tiny.tokenizer.decode(outs[1].token_ids, skip_special_tokens=True)
 
 
-def test_streamed_deltas_join_to_the_final_text_including_non_ascii(smol):
+@pytest.mark.slow
+def test_streamed_deltas_join_to_the_final_text_including_non_ascii(smollm2_llm):
     prompt = [{"role": "user", "content": "Write the word 'café' and the emoji 🍰 three times, "
                                           "then say 'naïve' in Japanese: ナイーブ."}]
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, prompt)
-    deltas = list(smol.stream(ids, SamplingParams(temperature=0, max_tokens=48)))
+    ids = apply_chat_template(smollm2_llm.tokenizer, prompt)
+    deltas = list(smollm2_llm.stream(ids, SamplingParams(temperature=0, max_tokens=48)))
     text = "".join(d.text_delta for d in deltas)
     token_ids = [t for d in deltas for t in d.token_ids_delta]
-    assert text == smol.tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert text == smollm2_llm.tokenizer.decode(token_ids, skip_special_tokens=True)
     assert any(ord(c) > 127 for c in text), text
     assert all("\ufffd" not in d.text_delta for d in deltas)
     assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
@@ -60,15 +62,15 @@ def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(tiny):
     assert different_seed != alone
 
 
-def test_stop_string_ends_output_and_is_excluded(smol):
+def test_stop_string_ends_output_and_is_excluded(smollm2_llm):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": "Count from 1 to 10, comma separated."}])
-    full = smol.generate(ids, SamplingParams(temperature=0, max_tokens=40))[0].text
+    ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": "Count from 1 to 10, comma separated."}])
+    full = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=40))[0].text
     assert "5" in full
-    stopped = smol.generate(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"]))[0]
+    stopped = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"]))[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == "5"
     assert stopped.text == full[:full.index("5")]
-    deltas = list(smol.stream(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"])))
+    deltas = list(smollm2_llm.stream(ids, SamplingParams(temperature=0, max_tokens=40, stop=["5"])))
     assert all("5" not in d.text_delta for d in deltas)
 
 
@@ -87,20 +89,20 @@ def test_stop_token_ids_and_eos_end_the_request(tiny):
 EOS_PROMPT = "What is 2 + 2?"
 
 
-def test_eos_stops_unless_ignore_eos(smol):
+def test_eos_stops_unless_ignore_eos(smollm2_llm):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
-    stops = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
+    ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
+    stops = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     assert stops.finish_reason == "stop" and stops.token_ids[-1] == 2
-    ignores = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
+    ignores = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
     assert ignores.finish_reason == "length" and len(ignores.token_ids) == 64
 
 
-def test_min_tokens_holds_back_eos(smol):
+def test_min_tokens_holds_back_eos(smollm2_llm):
     from engine.tokenizer import apply_chat_template
-    ids = apply_chat_template(smol.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
-    short = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
-    held = smol.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]
+    ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
+    short = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
+    held = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]
     assert len(held.token_ids) >= len(short.token_ids) + 5
     assert 2 not in held.token_ids[:len(short.token_ids) + 4]
 
@@ -138,6 +140,7 @@ def test_request_that_can_never_fit_is_rejected_at_admission(tiny):
     assert tiny.engine.num_unfinished_requests == 0
 
 
+@pytest.mark.slow
 def test_request_larger_than_the_whole_kv_pool_is_rejected(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), num_kv_blocks=4, max_model_len=256)
     with pytest.raises(ContextLengthExceededError, match="KV cache holds 64 tokens"):
@@ -177,6 +180,7 @@ def test_bad_engine_settings_and_prompts_name_the_parameter(tiny):
     drain(tiny.engine)
 
 
+@pytest.mark.slow
 def test_reset_counters_zeroes_the_totals_but_keeps_the_prefix_cache(tiny_llama_dir):
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_kv_blocks=64, max_model_len=256))
     prompt = list(range(5, 5 + 40))  # two full blocks of 16, then a partial one

@@ -27,6 +27,7 @@ def _alone(llm: LLM, seed: int) -> list[int]:
     return llm.generate([PROMPT], params)[0].token_ids
 
 
+@pytest.mark.slow
 def test_three_seeded_samples_are_distinct_and_each_equals_its_sample_run_alone(tiny):
     tiny.engine.block_manager.reset_prefix_cache()
     samples = tiny.generate([PROMPT], SEEDED, n=3)
@@ -45,6 +46,7 @@ def test_the_same_seed_gives_the_same_samples_again(tiny):
     assert first == again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("llm_name", ["tiny", "tiny_no_cache"])
 def test_the_prompt_is_computed_once_and_every_block_is_freed_after(llm_name, request):
     llm = request.getfixturevalue(llm_name)

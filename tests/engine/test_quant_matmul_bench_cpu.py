@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("bf16", "int4", "int4-dequant", "int8", "int8-dequant")
 
 
+@pytest.mark.e2e
 def test_quant_matmul_bench_prints_every_variant_within_bf16_rounding_on_cpu():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(

@@ -68,6 +68,7 @@ def test_forward_does_not_modify_logits():
     assert torch.equal(logits, before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
 def test_temperature_samples_softmax_of_scaled_logits(temperature):
     row = random_logits(1, 12, seed=3, scale=1.5)[0]
@@ -84,6 +85,7 @@ def test_low_temperature_concentrates_on_the_argmax():
     assert cold[top] > 0.9 and cold[top] > hot[top] + 0.3
 
 
+@pytest.mark.slow
 def test_top_k_never_samples_outside_the_top_k():
     row = random_logits(1, 50, seed=5, scale=1.0)[0]
     got = empirical_distribution(row, SamplingParams(top_k=5))
@@ -121,6 +123,7 @@ def test_top_p_samples_the_renormalised_nucleus():
     assert (got - expected).abs().max() < FREQ_TOL
 
 
+@pytest.mark.slow
 def test_top_k_then_top_p_matches_applying_both_warpers():
     row = random_logits(1, 40, seed=8, scale=1.0)[0]
     got = empirical_distribution(row, SamplingParams(top_k=8, top_p=0.7))

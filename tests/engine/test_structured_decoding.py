@@ -44,6 +44,7 @@ def _json(schema, **kw):
     return SamplingParams(structured_outputs={"json": schema}, **{"max_tokens": 200, **kw})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_sampled_output_always_parses_and_validates_against_the_schema(tiny, name):
     schema = SCHEMAS[name]
@@ -70,6 +71,7 @@ def test_regex_choice_and_json_object_constraints_hold(tiny):
     assert obj.text.startswith("{")
 
 
+@pytest.mark.slow
 def test_unconstrained_neighbours_are_unchanged_by_constrained_rows_in_their_batch(tiny):
     plain = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
              SamplingParams(temperature=1.0, seed=77, max_tokens=20, ignore_eos=True, top_p=0.9)]
@@ -83,6 +85,7 @@ def test_unconstrained_neighbours_are_unchanged_by_constrained_rows_in_their_bat
         jsonschema.validate(json.loads(out.text), SCHEMAS["nested"])
 
 
+@pytest.mark.slow
 def test_constrained_output_survives_preemption_and_recompute(tiny_llama_dir):
     # 12 blocks of 16 tokens for 6 growing sequences: the newest are preempted and recomputed
     llm = LLM(str(tiny_llama_dir), num_kv_blocks=12, max_model_len=256)

@@ -36,6 +36,7 @@ def test_biased_greedy_rows_pick_the_argmax_of_logits_plus_bias_and_others_are_u
     assert out.sampled_token_ids[1] == top[1] and out.sampled_token_ids[2] == 42
 
 
+@pytest.mark.slow
 def test_a_bias_of_100_forces_the_token_through_the_engine(tiny):
     out = tiny.generate([[5, 6, 7]], SamplingParams(temperature=0.9, seed=1, max_tokens=6, ignore_eos=True,
                                                      logit_bias={"1234": 100}))[0]

@@ -44,6 +44,7 @@ def greedy_tokens(model, prompts=PROMPTS, params=GREEDY, **settings) -> list[lis
     return [o.token_ids for o in greedy(model, prompts, params, **settings)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 def test_two_ranks_give_the_tokens_of_one_process(tiny_llama_dir, quantization):
     one = greedy_tokens(tiny_llama_dir, quantization=quantization)
@@ -52,6 +53,7 @@ def test_two_ranks_give_the_tokens_of_one_process(tiny_llama_dir, quantization):
     assert len({tuple(t) for t in one}) == len(PROMPTS)  # the prompts' answers differ
 
 
+@pytest.mark.slow
 def test_two_int4_ranks_agree_with_one_process_to_bf16_rounding(tiny_llama_dir):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
     one = greedy(tiny_llama_dir, params=params, quantization="int4")
@@ -99,6 +101,7 @@ def test_three_ranks_give_smollm2s_tokens_of_one_process():
     assert three == one
 
 
+@pytest.mark.slow
 def test_two_tensor_parallel_engines_serve_side_by_side_in_one_process(tiny_llama_dir):
     """A new version loads while the old one still serves: each engine has its own group."""
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -121,6 +124,7 @@ def test_heads_that_do_not_divide_are_refused_naming_the_numbers(tiny_llama_dir)
     assert "intermediate_size 128" in message and "vocab_size" not in message  # 49152 = 3 x 16384
 
 
+@pytest.mark.slow
 def test_an_int4_group_that_fits_the_layer_but_not_a_shard_is_refused(tiny_llama_dir):
     # o_proj is [64, 64]: one group of 64 per row at TP=1, but 32 input columns per rank at TP=2.
     with pytest.raises(ValueError, match=r"o_proj: int4 with group size 64 fits the whole layer "
@@ -129,6 +133,7 @@ def test_an_int4_group_that_fits_the_layer_but_not_a_shard_is_refused(tiny_llama
             quantization_group_size=64, tensor_parallel_size=2)
 
 
+@pytest.mark.slow
 def test_a_killed_rank_fails_the_next_step_within_seconds_and_every_one_after(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="float32", quantization="none", tensor_parallel_size=2)
     try:

@@ -43,6 +43,7 @@ def client():
     embedded.stop_embedded_workers(drain_timeout=5)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_killed_rank_gives_the_stream_worker_lost_and_the_worker_leaves(
         client, tiny_llama_dir):

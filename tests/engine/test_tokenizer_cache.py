@@ -2,6 +2,8 @@
 
 import subprocess
 
+import pytest
+
 from engine.tokenizer import _convert_gguf_tokenizer, apply_chat_template, gguf_tokenizer_dir, load_tokenizer
 
 TEXTS = ["Hello, world!", "  leading spaces and\ttabs\n\nnew lines", "naïve café — 東京 🙂",
@@ -10,6 +12,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
         {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]
 
 
+@pytest.mark.slow
 def test_cached_gguf_tokenizer_encodes_decodes_and_renders_chats_like_the_conversion(
         smollm2_path, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
@@ -30,6 +33,7 @@ def test_cached_gguf_tokenizer_encodes_decodes_and_renders_chats_like_the_conver
     assert sorted(cached.all_special_tokens) == sorted(converted.all_special_tokens)
 
 
+@pytest.mark.e2e
 def test_a_cached_tokenizer_loads_without_converting_again(smollm2_path, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGODA_CACHE", str(tmp_path))
     first = gguf_tokenizer_dir(smollm2_path)
@@ -43,6 +47,7 @@ def test_a_cached_tokenizer_loads_without_converting_again(smollm2_path, tmp_pat
     assert load_tokenizer(smollm2_path).encode("Hello") == _convert_gguf_tokenizer(smollm2_path).encode("Hello")
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_falls_back_to_converting_in_process(smollm2_path, tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")

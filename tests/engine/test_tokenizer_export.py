@@ -3,12 +3,14 @@
 import json
 
 import jinja2.sandbox
+import pytest
 from tokenizers import Tokenizer
 
 from engine.tokenizer import apply_chat_template
 from engine.cli.tokenizer_export import export_tokenizer
 
 
+@pytest.mark.slow
 def test_exported_tokenizer_and_template_match_the_engine(smollm2_path, smollm2_tokenizer, tmp_path):
     out = export_tokenizer(str(smollm2_path), tmp_path / "tok")
     meta = json.loads((out / "tokenizer_config.json").read_text())

@@ -32,6 +32,7 @@ def test_expected_shapes_equal_the_transformers_state_dict(hf_config, tmp_path):
     assert expected_shapes(load_model_config(tmp_path)) == reference
 
 
+@pytest.mark.slow
 def test_validate_prints_progress_then_an_ok_report(tiny_llama_dir, capsys):
     assert main([str(tiny_llama_dir)]) == 0
 

@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from engine.llm_engine import LLMEngine
@@ -51,6 +52,7 @@ async def interactive(engine, request_id: str, max_tokens: int) -> str | None:
     return finish_reason
 
 
+@pytest.mark.slow
 def test_a_batch_running_alone_is_never_preempted_and_keeps_its_lines_in_flight(client, served, keys):
     """Its own lines are not taken for someone else's: the workers' counts (as of their last
     heartbeat) include lines the runner has just sent. (Counting them before a refill, the runner
@@ -65,6 +67,7 @@ def test_a_batch_running_alone_is_never_preempted_and_keeps_its_lines_in_flight(
     assert not UsageRecord.objects.filter(status="aborted").exists()  # no line was preempted
 
 
+@pytest.mark.slow
 def test_running_lines_step_aside_for_an_interactive_request_and_run_again_after_it(client, served, keys,
                                                                                   monkeypatch, settings):
     """Engine steps paced (20 ms) so both outlast the runner's look at the workers (a few 1 s
@@ -105,6 +108,7 @@ def test_running_lines_step_aside_for_an_interactive_request_and_run_again_after
 STARVATION_S = 1.5
 
 
+@pytest.mark.slow
 def test_interactive_requests_that_never_stop_still_let_one_line_in_at_a_time(client, served, keys, settings):
     """Interactive requests back to back from before the batch starts until it ends (60 s at most):
     without a minimum share the batch would wait for them to stop. Each line gets in after the

@@ -17,6 +17,8 @@ from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
 from workers import embedded
 
+pytestmark = pytest.mark.db_engine
+
 MODEL = "tiny-batches"
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
 PROMPTS = ["The lighthouse keeper", "Once upon a time", "In the beginning", "The cat sat", "Rain fell on"]
@@ -103,6 +105,7 @@ def test_uploads_over_the_size_or_line_limit_are_refused(client, keys, settings)
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "file_too_large"
 
 
+@pytest.mark.slow
 def test_a_batch_answers_every_line_as_the_api_does_and_records_usage_per_line(
         client, served, keys, django_capture_on_commit_callbacks):
     lines = [request_line(i, p) for i, p in enumerate(PROMPTS)]
@@ -194,6 +197,7 @@ def test_a_batch_cancelled_before_it_runs_ends_cancelled_with_every_line_in_the_
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_a_batch_cut_short_by_a_restart_keeps_its_done_lines_and_runs_the_rest(client, served, keys):
     """The state a killed runner leaves: lines done, one sent to the engine (running), the rest pending."""
     file = upload(client, keys["alice"], jsonl([request_line(i, p) for i, p in enumerate(PROMPTS)])).json()

@@ -103,6 +103,7 @@ async def test_foreign_origin_is_refused_even_with_a_session(models, session_coo
     assert not connected
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_turn_streams_deltas_then_the_saved_answer_and_the_next_turn_hits_the_prefix_cache(
         models, session_cookie, chat_worker, smollm2_hf_tokenizer, tiny_llama_dir):

@@ -20,6 +20,7 @@ LINES = [f"{i:04d}: the keeper logged the tide at {i % 24:02d}:00 and wrote down
 DOCUMENT = {"name": "log.txt", "text": "\n".join(LINES)}  # about 20 KB
 
 
+@pytest.mark.slow
 def test_a_20_kb_document_reaches_the_prompt_whole_and_stays_for_the_next_turn(alice, smol, smollm2_hf_tokenizer):
     assert 19_000 < len(DOCUMENT["text"]) < 22_000
     first = prepare(alice, type="send", content="What was logged at line 0003?", documents=[DOCUMENT])

@@ -46,6 +46,7 @@ async def answers(*, role="assistant") -> list[Message]:
     return await sync_to_async(lambda: list(Message.objects.filter(role=role)))()
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_reload_mid_answer_reattaches_and_the_answer_ends_complete_stored_once(
         models, session_cookie, chat_worker, paced):
@@ -114,6 +115,7 @@ async def test_attaching_where_nothing_runs_says_idle(models, session_cookie, ch
     assert other["type"] == "idle"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_past_the_cap_on_unheard_answers_the_oldest_one_is_stopped(models, session_cookie, chat_worker,
                                                                          paced, settings):
@@ -139,6 +141,7 @@ async def test_past_the_cap_on_unheard_answers_the_oldest_one_is_stopped(models,
     assert stored == {conversations[0]: "abort", conversations[1]: "length"}
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_an_answer_nobody_listens_to_is_recorded_by_the_shutdown_drain(models, session_cookie, chat_worker,
                                                                             paced, monkeypatch):

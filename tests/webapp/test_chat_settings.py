@@ -18,7 +18,7 @@ from webapp.registry.models import Model
 
 from tests.webapp.test_chat_pages import alice, bob, logged_in, prepare, smol  # noqa: F401
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 GOOD = {"temperature": 0.0, "top_p": 0.5, "top_k": 40, "min_p": 0.05, "presence_penalty": -2.0,
         "frequency_penalty": 2.0, "repetition_penalty": 1.3, "seed": 2**64 - 1, "max_tokens": 7,

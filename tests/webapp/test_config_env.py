@@ -99,6 +99,7 @@ def test_only_runserver_falls_back_to_the_development_settings():
         assert default_settings(argv) == "webapp.config.settings.serve"
 
 
+@pytest.mark.e2e
 def test_check_deploy_with_production_settings_warns_only_about_the_opt_in_choices(tmp_path):
     """Left to the operator, on purpose: HSTS for subdomains and preload (Pagoda cannot know the
     rest of the domain) and the HTTPS redirect (normally the TLS proxy's job; SECURE_SSL_REDIRECT=1)."""

@@ -13,7 +13,7 @@ from playwright.sync_api import expect, sync_playwright
 from webapp.monitoring.models import WorkerSnapshot
 from webapp.usage.services import usage_record_create
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 

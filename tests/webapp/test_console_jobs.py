@@ -30,6 +30,7 @@ def test_jobs_are_for_staff_only(client):
         assert client.get(url).status_code == 403
 
 
+@pytest.mark.slow
 def test_an_uploads_validation_and_a_running_batch_are_listed_with_progress_and_duration(
         staff_client, tiny_llama_dir, tmp_path, django_capture_on_commit_callbacks):
     archive = zip_dir(tiny_llama_dir, tmp_path / "tiny.zip")
@@ -56,6 +57,7 @@ def test_an_uploads_validation_and_a_running_batch_are_listed_with_progress_and_
     assert "console/jobs.js" in page
 
 
+@pytest.mark.slow
 def test_a_failed_validation_shows_its_reason(staff_client, tmp_path, django_capture_on_commit_callbacks):
     fake = tmp_path / "broken.gguf"
     fake.write_bytes(b"GGUF" + bytes(64))

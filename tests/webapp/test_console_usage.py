@@ -13,7 +13,7 @@ from webapp.usage.models import UsageRecord
 from webapp.usage.selectors import usage_totals_by
 from webapp.usage.services import usage_record_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 @pytest.fixture

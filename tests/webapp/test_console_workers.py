@@ -43,6 +43,7 @@ def test_workers_page_is_for_staff_only(client, db):
         assert not_staff[url].status_code == 403 and b"Staff only" in not_staff[url].content
 
 
+@pytest.mark.slow
 def test_workers_json_lists_the_live_worker_and_models_without_one(staff_client, worker, tiny_llama_dir):
     for slug in (MODEL, "unserved"):
         model = Model.objects.create(slug=slug)

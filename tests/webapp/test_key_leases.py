@@ -23,6 +23,8 @@ from webapp.keys.limits import MemoryLimitStore, RedisLimitStore
 from webapp.keys.models import ApiKey, TokenReservation
 from webapp.keys.services import apikey_create
 
+pytestmark = pytest.mark.db_engine
+
 LEASE_TTL_S = 2  # the child's; renewed every ttl / 6
 HOLDER = """
 import sys, time
@@ -51,6 +53,7 @@ def holder(redis_server, request):
         child.wait()
 
 
+@pytest.mark.e2e
 def test_a_live_process_keeps_its_slot_and_a_killed_one_loses_it_when_its_lease_lapses(redis_server, holder):
     prefix, child_id, child = holder
     store = RedisLimitStore(redis_server, prefix=prefix)
@@ -70,6 +73,7 @@ def test_a_live_process_keeps_its_slot_and_a_killed_one_loses_it_when_its_lease_
     assert store.slot_count("running") == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 def test_a_reservation_of_a_killed_process_is_given_back_when_the_budget_looks_full(redis_server, holder,
                                                                                      monkeypatch):

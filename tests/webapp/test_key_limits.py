@@ -26,6 +26,8 @@ from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord
 from workers import embedded
 
+pytestmark = pytest.mark.db_engine
+
 MODEL = "tiny-limits"
 TINY_SETTINGS = {"num_kv_blocks": 64, "max_model_len": 512, "max_num_seqs": 8}
 MINUTE = 1_700_000_040.0  # the start of a calendar minute (divisible by 60)
@@ -282,6 +284,7 @@ def racer_key(**limits) -> tuple[ApiKey, str]:
     return apikey_create(owner=owner, name="racer", **limits)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_concurrent_requests_never_charge_more_than_the_token_budget(served, enforced_store):

@@ -47,6 +47,7 @@ def test_a_bad_kv_cache_dtype_is_refused_naming_it(staff_client, tiny_llama_dir)
     assert ModelVersion.objects.get().engine_settings == {}
 
 
+@pytest.mark.slow
 def test_a_worker_started_with_the_saved_setting_runs_its_engine_with_it(staff_client, tiny_llama_dir):
     settings = {"num_kv_blocks": 64, "max_model_len": 256, "max_num_seqs": 4, "kv_cache_dtype": "int8"}
     embedded.start_embedded_worker("tiny8", "1", str(tiny_llama_dir), settings)

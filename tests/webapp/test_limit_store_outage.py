@@ -34,11 +34,11 @@ from webapp.keys.enforcement import apikey_running_requests
 from webapp.keys.limits import RedisLimitStore
 from webapp.keys.models import TokenReservation
 from webapp.keys.services import apikey_create
-from webapp.openai_api import generation, views
+from webapp.openai_api import generation, lifecycle
 from webapp.openai_api.errors import LIMITS_UNAVAILABLE_MESSAGE
 from webapp.usage.models import UsageRecord
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.db_engine]
 
 REFUSAL_S = 3.0  # the most a refusal may take while Redis is down
 
@@ -134,17 +134,18 @@ def killing_after(real, own_redis):
 OUTAGES = [(when, stream) for when in ("before admission", "after admission") for stream in (False, True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("when", "stream"), OUTAGES,
                          ids=[f"{w.replace(' ', '-')}-{'streamed' if s else 'collected'}" for w, s in OUTAGES])
 async def test_an_outage_is_shed_fast_with_one_record_and_requests_succeed_once_redis_is_back(
         api_key, store, own_redis, monkeypatch, when, stream):
     key, raw = api_key
     running_name = f"outage:{{s:{enforcement._names(key)[2]}}}"
-    real_admit = views.generation_admit
+    real_admit = lifecycle.generation_admit
     if when == "before admission":
         kill(own_redis)
     else:  # the slot and the minute's request are taken, then the token window cannot be reached
-        monkeypatch.setattr(views, "generation_admit", killing_after(views.generation_admit, own_redis))
+        monkeypatch.setattr(lifecycle, "generation_admit", killing_after(lifecycle.generation_admit, own_redis))
 
     started = time.monotonic()
     status, headers, body = await request(raw, stream)
@@ -158,7 +159,7 @@ async def test_an_outage_is_shed_fast_with_one_record_and_requests_succeed_once_
     assert not await sync_to_async(TokenReservation.objects.exists)()
     print(f"\n[{when}, {'streamed' if stream else 'collected'}] 503 queue_unavailable in {elapsed * 1000:.0f} ms")
 
-    monkeypatch.setattr(views, "generation_admit", real_admit)
+    monkeypatch.setattr(lifecycle, "generation_admit", real_admit)
     own_redis.start()  # same port, what it held kept (append-only file)
     if when == "after admission":
         assert raw_count(own_redis, running_name) == 1  # the slot taken before the outage is still there
@@ -208,6 +209,7 @@ async def test_an_outage_during_the_generation_still_records_it_settles_the_budg
     assert await sync_to_async(apikey_running_requests)(api_key=key) == 0
 
 
+@pytest.mark.slow
 async def test_the_chat_answers_an_outage_with_an_error_frame_and_works_again_once_redis_is_back(
         models, session_cookie, chat_worker, store, own_redis):
     turn = chat_turn(content="Hello", max_tokens=4)

@@ -86,6 +86,7 @@ def test_bad_settings_are_refused_naming_the_field(staff_client, tiny_llama_dir,
     assert version.engine_settings == {"num_kv_blocks": 64}
 
 
+@pytest.mark.slow
 def test_upload_with_conversion_stores_bfloat16_shards_of_about_half_the_size(
         staff_client, tiny_llama_dir, tmp_path, django_capture_on_commit_callbacks):
     archive = zip_dir(tiny_llama_dir, tmp_path / "tiny.zip")
@@ -140,6 +141,7 @@ def wait_for(predicate, what: str, timeout: float = 90.0):
     return result
 
 
+@pytest.mark.slow
 def test_embedded_worker_follows_activation_settings_edits_and_deactivation(
         embedded, tiny_llama_dir, django_capture_on_commit_callbacks):
     version = version_of(tiny_llama_dir, TINY)
@@ -161,6 +163,7 @@ def test_embedded_worker_follows_activation_settings_edits_and_deactivation(
     wait_for(lambda: embedded.live_workers("tiny") == [], "the worker leaving", timeout=15)
 
 
+@pytest.mark.slow
 def test_without_the_embedded_flag_activation_starts_no_worker(tiny_llama_dir, monkeypatch,
                                                                django_capture_on_commit_callbacks):
     from workers.memory_transport import MemoryEngineClient, default_broker

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import modelversion_upload
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 def zip_dir(directory: Path, archive: Path) -> Path:
@@ -68,6 +68,7 @@ def safetensors_numel(directory: Path) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pack", [zip_dir, tar_dir], ids=["zip", "tar.gz"])
 def test_uploaded_checkpoint_validates_to_ready_with_the_safetensors_parameter_count(
         pack, tiny_llama_dir, tmp_path, media_root, django_capture_on_commit_callbacks):
@@ -87,6 +88,7 @@ def test_uploaded_checkpoint_validates_to_ready_with_the_safetensors_parameter_c
     assert len(version.validation["checksum"]) == 64
 
 
+@pytest.mark.slow
 def test_shape_mismatch_with_config_fails_validation_naming_the_tensor(
         tiny_llama_dir, tmp_path, django_capture_on_commit_callbacks):
     broken = tmp_path / "broken"
@@ -191,6 +193,7 @@ def test_archive_with_too_many_members_is_refused(settings, tmp_path, media_root
     assert_refused(archive, media_root, "too_many_members")
 
 
+@pytest.mark.slow
 def test_uploaded_gguf_is_stored_in_a_version_directory(tmp_path, media_root,
                                                         django_capture_on_commit_callbacks):
     fake = tmp_path / "not-really.gguf"
@@ -224,6 +227,7 @@ def test_models_page_is_for_staff_only(client):
     assert response.status_code == 403 and not Model.objects.exists()
 
 
+@pytest.mark.slow
 def test_console_upload_form_shows_the_version_validated(staff_client, tiny_llama_dir, tmp_path,
                                                           django_capture_on_commit_callbacks):
     archive = zip_dir(tiny_llama_dir, tmp_path / "tiny.zip")
@@ -250,6 +254,7 @@ def test_console_refuses_a_bad_upload_with_its_reason(staff_client, tmp_path):
     assert not ModelVersion.objects.exists()
 
 
+@pytest.mark.slow
 def test_deleting_an_active_version_is_refused_until_deactivated(staff_client, tmp_path,
                                                                  django_capture_on_commit_callbacks):
     fake = tmp_path / "m.gguf"
@@ -278,6 +283,7 @@ def test_parameter_counts_read_at_a_glance(count, shown):
     assert human_count(count) == shown
 
 
+@pytest.mark.slow
 def test_a_checkpoint_already_on_the_server_is_registered_in_place_and_validated(
         staff_client, tiny_llama_dir, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):

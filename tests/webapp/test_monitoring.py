@@ -10,7 +10,7 @@ from webapp.registry.models import Model, ModelVersion
 from workers.metrics import E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, LatencyHistogram
 from workers.protocol import WorkerInfo
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 TOKEN = {"HTTP_X_READYZ_TOKEN": "probe-secret"}

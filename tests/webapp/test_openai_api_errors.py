@@ -51,6 +51,7 @@ def assert_error(response, status, code, param=None):
     return error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("header", [None, "Bearer", "Bearer pgd-wrong", "Basic dXNlcjpwYXNz"])
 def test_missing_or_wrong_keys_get_401_invalid_api_key(client, served, header):
     headers = {"HTTP_AUTHORIZATION": header} if header else {}

@@ -85,6 +85,7 @@ def assert_openai_answer(status: int, content_type: str, body: bytes) -> None:
         assert error["code"] in DOCUMENTED_5XX.get(status, set()), (status, error, FAILURES.texts[-1:])
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @FUZZ_SETTINGS
 def test_schema_driven_bodies_never_get_a_5xx_or_a_non_openai_error(case, raw_key):
@@ -125,6 +126,7 @@ def post(raw_key: str, path: str, body: str) -> httpx.Response:
     return asyncio.run(send())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 @HOSTILE_SETTINGS
 @given(body=st.one_of(bodies.map(lambda b: json.dumps(b, allow_nan=True)), deep, texts))

@@ -11,7 +11,7 @@ from webapp.keys.services import apikey_create
 from webapp.openai_api.serializers import MAX_MESSAGES
 from webapp.usage.models import UsageRecord
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

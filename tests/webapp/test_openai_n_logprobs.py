@@ -69,6 +69,7 @@ def engine_samples(reference, ids, n, **params):
     return reference.generate([ids], SamplingParams(seed=SEED, ignore_eos=True, **params), n=n)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_n_3_seeded_chat_gives_the_engines_three_distinct_samples_and_sums_their_usage(client, key, reference):
     ids = apply_chat_template(reference.tokenizer, STORY)
@@ -172,6 +173,7 @@ async def test_cached_tokens_count_the_prefix_cache_hits_also_when_streamed(key)
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] < cached
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.parametrize("n", [0, 17, "two", 1.5])
 def test_n_outside_1_to_16_is_a_400_naming_n(client, key, n):

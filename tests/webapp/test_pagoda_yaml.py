@@ -86,6 +86,7 @@ def _django_settings(env: dict) -> subprocess.CompletedProcess:
                           env={**clean, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.test", **env})
 
 
+@pytest.mark.slow
 def test_a_web_process_takes_the_serving_section_and_refuses_a_bad_file(tmp_path):
     good = _django_settings({"PAGODA_CONFIG": write(tmp_path, "serving:\n  max_queued_per_model: 9\n")})
     assert (good.returncode, good.stdout.strip()) == (0, "9 30.0"), good.stderr
@@ -117,6 +118,7 @@ def test_a_worker_process_serves_with_the_effective_values_and_logs_them(tmp_pat
     assert f"max_model_len=256 ({path})" in text and "max_num_seqs=3 (PAGODA_ENGINE_MAX_NUM_SEQS)" in text
 
 
+@pytest.mark.e2e
 def test_a_worker_process_refuses_an_unknown_key_naming_it_and_the_file(tmp_path, tiny_llama_dir):
     path = write(tmp_path, "engine:\n  batch_timeout_ms: 5\n")
     result = subprocess.run([sys.executable, "-m", "workers", "--model-path", str(tiny_llama_dir), "--model", "t",
@@ -126,6 +128,7 @@ def test_a_worker_process_refuses_an_unknown_key_naming_it_and_the_file(tmp_path
     assert f"{path}: engine.batch_timeout_ms: unknown engine setting" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_the_console_workers_page_shows_the_effective_values(client, tiny_llama_dir, tmp_path, monkeypatch):
     from django.contrib.auth import get_user_model

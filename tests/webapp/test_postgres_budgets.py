@@ -28,7 +28,7 @@ from webapp.keys.limits import SLOT_TTL_S, WINDOW_S, get_limit_store
 from webapp.keys.models import ApiKey, ChatLimits, TokenReservation
 from webapp.keys.services import apikey_create
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.db_engine]
 
 BUDGET, WORST, NUM_REQUESTS = 600, 100, 16
 

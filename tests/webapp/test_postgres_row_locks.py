@@ -17,7 +17,7 @@ from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (modelversion_activate, modelversion_create, modelversion_deactivate,
                                       modelversion_update_settings)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.db_engine]
 
 NUM_THREADS = 8
 MODEL_TABLE = Model._meta.db_table

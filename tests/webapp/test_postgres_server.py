@@ -29,6 +29,7 @@ def accepts_connections(port: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_the_command_reaches_the_server_and_its_failure_is_the_exit_status():
     query = ("import os, sys, psycopg; url = os.environ['DATABASE_URL']; "
              "print(psycopg.connect(url).execute('SELECT current_database()').fetchone()[0]); sys.exit(3)")
@@ -41,6 +42,7 @@ def test_the_command_reaches_the_server_and_its_failure_is_the_exit_status():
     assert not accepts_connections(int(ready.group(2)))
 
 
+@pytest.mark.e2e
 def test_an_interrupted_run_stops_the_server_and_removes_its_folder():
     runner = subprocess.Popen([*RUN, sys.executable, "-c", "import time; time.sleep(120)"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

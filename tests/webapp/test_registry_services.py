@@ -14,7 +14,7 @@ from webapp.registry.services import (bundled_model_path, model_create, model_re
                                       modelversion_create, modelversion_deactivate)
 from webapp.registry.tokenizers import load_tokenizer
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 @pytest.fixture
@@ -110,6 +110,7 @@ def test_active_versions_are_listed_one_per_model(gguf_file, hf_dir, smollm2_tok
     assert [v.model.slug for v in modelversion_list_active()] == ["a-model", "b-model"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_tokenizer_cannot_be_exported_is_marked_failed(gguf_file):
     with pytest.raises(ValidationError, match="tokenizer export failed"):
         model_register(slug="broken", path=gguf_file)
@@ -120,6 +121,7 @@ def test_a_checkpoint_whose_tokenizer_cannot_be_exported_is_marked_failed(gguf_f
     assert modelversion_get_active(slug="broken") is None
 
 
+@pytest.mark.slow
 def test_ensure_bundled_model_registers_and_activates_smollm2_once(media_root, capsys):
     call_command("ensure_bundled_model")
     call_command("ensure_bundled_model")

@@ -16,7 +16,7 @@ from django.test import Client
 from webapp.chat.models import Conversation, Message
 from webapp.search.selectors import conversation_search
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 HOSTILE = ['"', "AND OR NOT *", '"albatross', "NEAR(", "'", ":*", "a & b | !c", "(((", "*", "title:foo",
            "^x", "- -", "albatross) OR (", "\\", "%", "%s", "💥", "x" * 500, "\x00", "<script>", "a:* & 'b'"]
 

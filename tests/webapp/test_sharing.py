@@ -11,7 +11,7 @@ from django.test import Client
 from webapp.chat.models import Conversation, Message
 from webapp.sharing.models import SharedConversation
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from webapp.keys.services import apikey_create
 from webapp.usage.selectors import usage_list, usage_totals
 from webapp.usage.services import usage_record_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 def test_totals_sum_the_tokens_of_one_keys_records_only():

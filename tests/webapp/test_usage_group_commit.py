@@ -13,7 +13,7 @@ from webapp.usage.group_commit import usage_record_save
 from webapp.usage.models import UsageRecord
 from webapp.usage.services import usage_record_build
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.db_engine]
 
 
 def record(request_id: str, **fields) -> UsageRecord:

@@ -13,7 +13,7 @@ from webapp.usage.models import UsageDaily, UsageRecord
 from webapp.usage.services import usage_purge, usage_record_create, usage_rollup_day
 from webapp.usage.tasks import usage_purge_expired, usage_rollup_yesterday
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 DAY_1, DAY_2 = date(2026, 3, 10), date(2026, 3, 11)
 

@@ -17,7 +17,7 @@ from webapp.usage.models import UsageDaily, UsageRecord
 from webapp.usage.selectors import GROUPS, RAW_ONLY_GROUPS, usage_daily_series, usage_totals_by
 from webapp.usage.services import usage_purge, usage_record_create, usage_rollup_day
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 TODAY = timezone.now().date()
 OLD_1, OLD_2, RECENT = TODAY - timedelta(days=100), TODAY - timedelta(days=95), TODAY - timedelta(days=2)

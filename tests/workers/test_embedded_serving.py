@@ -42,6 +42,7 @@ def client(tiny_llama_dir, tiny_settings):
     embedded.stop_embedded_workers(drain_timeout=5)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_embedded_stream_equals_the_engine_own_greedy_output(client, reference_llm):
     expected = reference_llm.generate([PROMPT], SamplingParams(**greedy(40)))[0]
@@ -71,6 +72,7 @@ async def test_a_cancel_landing_in_the_same_loop_turn_as_a_reply_is_not_lost():
         assert ticket.empty() or ticket.get_nowait() == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_cancelling_the_consumer_task_aborts_the_request_and_frees_its_blocks(client):
     started = asyncio.Event()

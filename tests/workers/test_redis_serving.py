@@ -59,6 +59,7 @@ def client(redis_server, serving_pair):
     return RedisEngineClient(redis_server)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_streamed_text_equals_the_engine_own_greedy_output(client, reference_llm):
     expected = reference_llm.generate([PROMPT], SamplingParams(**greedy(40)))[0]
@@ -74,6 +75,7 @@ async def test_streamed_text_equals_the_engine_own_greedy_output(client, referen
     assert last.time_to_first_token is not None and last.time_to_first_token > 0
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_two_workers_of_one_model_share_its_requests(client, reference_llm):
     before = [s["num_requests"] for s in current_stats(client, "tiny")]
@@ -90,6 +92,7 @@ async def test_two_workers_of_one_model_share_its_requests(client, reference_llm
     assert all(n > 0 for n in served), served  # each holds at most 2 of the 6 at a time
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_closing_the_stream_aborts_the_request_and_frees_its_blocks(client):
     before = current_stats(client, "tiny")
@@ -187,6 +190,7 @@ async def test_an_unreachable_redis_is_an_error_chunk_not_an_exception():
     assert chunks[0].error.message == "the request queue is unreachable; try again shortly"
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_a_request_taken_by_a_worker_that_died_before_answering_gets_worker_lost(redis_server):
     """The worker side of the transport, driven by hand: it announces itself, takes the request

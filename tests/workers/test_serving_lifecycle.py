@@ -51,6 +51,7 @@ def client():
 
 
 # ------------------------------------------------------------------ a new version takes over
+@pytest.mark.slow
 def test_embedded_a_new_version_takes_over_and_the_old_worker_leaves(client, tiny_llama_dir,
                                                                     tiny_settings):
     embedded.start_embedded_worker("tiny-swap", "v1", str(tiny_llama_dir), tiny_settings)
@@ -65,6 +66,7 @@ def test_embedded_a_new_version_takes_over_and_the_old_worker_leaves(client, tin
     assert [w.version for w in client.live_workers("tiny-swap")] == ["v2"]
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_following_a_new_version_takes_over_while_the_running_request_finishes_on_the_old(
         redis_server, tiny_llama_dir):
@@ -113,6 +115,7 @@ async def test_following_a_new_version_takes_over_while_the_running_request_fini
     assert not follower.is_alive() and versions() == []
 
 
+@pytest.mark.slow
 def test_a_version_that_cannot_load_is_not_retried_until_the_spec_changes_or_a_stop(
         client, tiny_llama_dir, tiny_settings, tmp_path):
     server = ModelServer("tiny-broken", redis_url=None, drain_timeout=5)
@@ -132,6 +135,7 @@ def test_a_version_that_cannot_load_is_not_retried_until_the_spec_changes_or_a_s
 
 
 # ------------------------------------------------------------------ stopping and dying
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stopping_past_the_drain_timeout_ends_running_requests_with_worker_lost(
         client, tiny_llama_dir, tiny_settings):
@@ -150,6 +154,7 @@ async def test_stopping_past_the_drain_timeout_ends_running_requests_with_worker
     assert client.live_workers("tiny-stop") == []
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_sigkill_mid_stream_gives_the_client_worker_lost_within_10_s(
         redis_server, spawn_worker, wait_workers):
@@ -170,6 +175,7 @@ async def test_sigkill_mid_stream_gives_the_client_worker_lost_within_10_s(
     assert not any(c.finished for c in rest[:-1])
 
 
+@pytest.mark.e2e
 @pytest.mark.asyncio
 async def test_sigterm_finishes_running_requests_sends_new_ones_elsewhere_and_exits_0(
         redis_server, spawn_worker, wait_workers):

@@ -44,6 +44,7 @@ def test_decode_kernel_matches_reference_on_ragged_contexts(paged_kv, device, as
                  paged_decode_attention_ref(*args, 0.125))
 
 
+@pytest.mark.slow
 def test_decode_split_partitions_match_a_single_partition(paged_kv, device):
     args, _, _ = make_case(paged_kv, device, [1, 70, 200, 129], group=3)
     single = paged_decode_attention(*args, 0.1, num_splits=1)

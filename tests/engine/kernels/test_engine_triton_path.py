@@ -45,6 +45,7 @@ def assert_same_outputs(reference, actual):
             assert [lp for _, lp in a.top] == pytest.approx([lp for _, lp in b.top], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_triton_path_greedy_matches_pytorch_on_mixed_lengths_with_chunked_prefill(engines):
     # 70 and 45 tokens need three and two chunks; 1- and 2-token prompts decode beside them.
     prompts = [[5, 6, 7], list(range(100, 170)), [9, 10], [11] * 17, [1], list(range(300, 345))]
@@ -54,6 +55,7 @@ def test_triton_path_greedy_matches_pytorch_on_mixed_lengths_with_chunked_prefil
     assert all(len(o.token_ids) == PARAMS.max_tokens for o in actual)
 
 
+@pytest.mark.slow
 def test_triton_path_matches_pytorch_after_prefix_cache_hits(engines):
     base = list(range(1000, 1033))  # two full blocks and one token more
     generate_both(engines, [base])  # publishes base's two full blocks to the prefix cache
@@ -66,6 +68,7 @@ def test_triton_path_matches_pytorch_after_prefix_cache_hits(engines):
     assert_same_outputs(reference, actual)
 
 
+@pytest.mark.slow
 def test_memory_profiling_step_runs_on_the_triton_path(engines):
     # The step CUDA start-up measures, here interpreted: prefills filling the token budget on a
     # throw-away cache, then logits and sampling with logprobs for more rows than prompts.
@@ -82,6 +85,7 @@ def test_memory_profiling_step_runs_on_the_triton_path(engines):
     assert caches[0][0].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_cuda_graph_inputs_staged_with_padding_give_the_eager_decode(tiny_llama_dir):
     # What a CUDA graph replays, run eagerly here: a real 3-sequence decode step staged into
     # the static buffers of the size-4 graph, whose padding row must neither write the cache

@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import engine.kernels
@@ -17,6 +18,7 @@ def test_importing_the_engine_and_its_kernels_package_does_not_import_triton():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
 
 
+@pytest.mark.e2e
 def test_kernels_compile_for_an_h200_without_a_gpu():
     # The interpreter runs programs the compiler would reject; compile each kernel to an sm_90
     # cubin in a process without TRITON_INTERPRET (ptxas ships with Triton; no GPU needed).

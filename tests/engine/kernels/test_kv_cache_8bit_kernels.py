@@ -112,6 +112,7 @@ def test_an_8bit_cache_without_its_scales_is_refused_naming_them(device):
     assert err.value.param == "k_scales"
 
 
+@pytest.mark.slow
 def test_the_engine_on_the_triton_kernels_with_an_int8_cache_gives_the_torch_paths_answers(tiny_llama_dir):
     from engine import LLM, SamplingParams
 

@@ -12,6 +12,7 @@ from engine.models.gguf_loader import unpermute_qk
 from engine.models.loader import iter_weights, load_model_config
 
 
+@pytest.mark.slow
 def test_smollm2_config_comes_from_gguf_metadata(smollm2_path, smollm2_tokenizer):
     config = load_model_config(smollm2_path)
     assert config.architecture == "llama"
@@ -28,6 +29,7 @@ def test_smollm2_config_comes_from_gguf_metadata(smollm2_path, smollm2_tokenizer
     assert config.bos_token_id == smollm2_tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
+@pytest.mark.slow
 def test_smollm2_weights_equal_transformers_gguf_load(smollm2_path, hf_smollm2):
     # Equality of q_proj/k_proj proves the llama.cpp row permutation is undone.
     reference = hf_smollm2.state_dict()

@@ -40,6 +40,7 @@ def test_hf_directory_tokenizer_matches_the_gguf_one(tiny_llama_dir, smollm2_tok
                                                                            MESSAGES)
 
 
+@pytest.mark.slow
 def test_tokenizer_without_chat_template_refuses_messages(tiny_llama_dir, tmp_path):
     directory = tmp_path / "base"
     shutil.copytree(tiny_llama_dir, directory)

@@ -25,6 +25,7 @@ def projections(model):
     return [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_converted_checkpoint_loads_without_quantizing_again(tiny_llama_dir, tmp_path, monkeypatch,
                                                               quantization):
@@ -108,6 +109,7 @@ def write_quantized(src, dst, method: str, group: int) -> dict[str, torch.Tensor
     return expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_gptq_and_awq_4bit_checkpoints_load_into_int4_codes(tiny_llama_dir, tmp_path, method):
     dst = tmp_path / method

@@ -92,6 +92,7 @@ def _logits_and_rows(llm, prompt):
     return logits[0], rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["int4", "int8"])
 def test_engine_logits_below_and_above_the_threshold_match_the_kernel_path(
         tiny_llama_dir, monkeypatch, layout):
@@ -110,6 +111,7 @@ def test_engine_logits_below_and_above_the_threshold_match_the_kernel_path(
     torch.testing.assert_close(b, a, rtol=0, atol=0.03 * a.abs().max().item())
 
 
+@pytest.mark.slow
 def test_dense_copy_memory_is_counted_and_absent_when_off(tiny_llama_dir, monkeypatch):
     on = _engine(tiny_llama_dir, monkeypatch, "int4", THRESHOLD)
     off = _engine(tiny_llama_dir, monkeypatch, "int4", 0)

@@ -21,6 +21,7 @@ def _logits_fn(model):
     return lambda ids: model(torch.tensor([ids])).logits[0]
 
 
+@pytest.mark.slow
 def test_pass_replaces_the_engine_projections_and_leaves_embeddings_norms_and_lm_head(tiny_llama_dir):
     model = LlamaForCausalLM(load_hf_config(tiny_llama_dir))
     for param in model.parameters():

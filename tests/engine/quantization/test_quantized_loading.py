@@ -57,6 +57,7 @@ def test_lm_head_takes_int8_for_small_steps_and_the_weight_for_large_ones():
     assert head(small).dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_auto_keeps_smollm2_q4_1_projections_in_int4_groups_of_32(smollm2_path):
     config = load_model_config(smollm2_path)
     with torch.device("meta"):
@@ -70,6 +71,7 @@ def test_auto_keeps_smollm2_q4_1_projections_in_int4_groups_of_32(smollm2_path):
     assert set(plan_layouts(model, native, "int8", 32).values()) == {("int8", None)}
 
 
+@pytest.mark.slow
 def test_gguf_q4_blocks_arrive_as_codes_in_hf_row_order(smollm2_path):
     config = load_model_config(smollm2_path)
     source = iter_weights(smollm2_path, config)
@@ -93,6 +95,7 @@ def test_quantization_setting_takes_none_auto_int8_int4_only():
         EngineConfig(model="x", quantization_group_size=48)
 
 
+@pytest.mark.slow
 def test_explicit_int4_of_a_float_checkpoint_generates_close_to_float(tiny_llama_dir):
     prompt = list(range(100, 120))
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
