@@ -5,7 +5,7 @@ import json
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from engine.cli.tokenizer_export import export_tokenizer
 
 

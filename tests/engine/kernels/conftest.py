@@ -15,7 +15,10 @@ import torch
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
-    for _name in sorted(n for n in sys.modules if n.startswith("engine.kernels.")):
+    # engine.kernels.cpu has no Triton, and re-executing it would make new ctypes struct classes
+    # that the library's declared signatures no longer accept
+    for _name in sorted(n for n in sys.modules
+                        if n.startswith("engine.kernels.") and not n.startswith("engine.kernels.cpu")):
         importlib.reload(sys.modules[_name])
 
 
