@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from engine.attention_metadata import DecodeGroup  # noqa: E402
+from engine.layers.attention_metadata import DecodeGroup  # noqa: E402
 from engine.layers import attention, kv_access  # noqa: E402
 from engine.layers.attention import PagedAttention, Workspace  # noqa: E402
 

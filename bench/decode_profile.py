@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
-from engine import cpu_info  # noqa: E402
+from engine.kernels.cpu import cpu_info  # noqa: E402
 
 
 class _Split:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.throughput import load_prompts, run_pagoda, run_transformers  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.cpu_info import describe  # noqa: E402
+from engine.kernels.cpu.cpu_info import describe  # noqa: E402
 
 CONFIGS = {"fp32": ("fp32 float weights", dict(dtype="float32", quantization=None)),
            "bf16": ("bf16 float weights", dict(dtype="bfloat16", quantization=None)),

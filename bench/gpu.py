@@ -33,13 +33,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from engine.block_manager import BlockManager  # noqa: E402
+from engine.scheduling.block_manager import BlockManager  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.model_runner import ModelRunner, resolve_dtype  # noqa: E402
+from engine.runtime.model_runner import ModelRunner, resolve_dtype  # noqa: E402
 from engine.models.model_config import ModelConfig  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.scheduler import Scheduler  # noqa: E402
-from engine.sequence import Sequence  # noqa: E402
+from engine.scheduling.scheduler import Scheduler  # noqa: E402
+from engine.scheduling.sequence import Sequence  # noqa: E402
 
 LLAMA3_8B = ModelConfig(
     architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -269,7 +269,7 @@ def greedy_parity(llm, hf_model, prompts: list[list[int]],
 
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
 
     texts = json.loads((ROOT / "bench" / "prompts.json").read_text())[:n]
     return [apply_chat_template(tokenizer, [{"role": "user", "content": t}]) for t in texts]

@@ -107,7 +107,7 @@ def smollm2(repeats: int, max_new_tokens: int = 64) -> None:
     from engine.models.registry import resolve_model_path
     from engine.quantization.fidelity import teacher_forced_fidelity, Fidelity
     from engine.quantization.gguf import q4_to_int4
-    from engine.tokenizer import apply_chat_template, load_tokenizer
+    from engine.text.tokenizer import apply_chat_template, load_tokenizer
 
     path = resolve_model_path("smollm2")
     reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,

@@ -59,7 +59,7 @@ def llama_server_binary() -> Path:
     native, or without AMX where the CPU has it (see NO_AMX_FLAGS)."""
     name, version = LLAMA_CPP_PYTHON.split("==")
     source = cache_dir() / f"{name.replace('-', '_')}-{version}" / "vendor" / "llama.cpp"
-    from engine.cpu_info import cpu_flags
+    from engine.kernels.cpu.cpu_info import cpu_flags
     build, flags = ("build-noamx", NO_AMX_FLAGS) if "amx_tile" in cpu_flags() else ("build", [])
     binary = source / build / "bin" / "llama-server"
     if binary.is_file():

@@ -111,7 +111,7 @@ def bench_llguidance(tokenizer, vocab):
 
 def main() -> None:
     sys.path.insert(0, ".")
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
     model = sys.argv[1] if len(sys.argv) > 1 else "smollm2"
     tokenizer = load_tokenizer(model)
     vocab = len(tokenizer)

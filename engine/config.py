@@ -5,7 +5,7 @@ that resolve its settings against a device.
 help); the webapp, the console form, the CLI and the worker read it rather than copy it.
 ``EngineConfig`` checks each value alone; the ``resolve_*`` / ``check_*`` functions decide what a
 setting means, or refuse it, once the device and the activation dtype are known (the runner, and
-engine/estimate.py beside it). Imports no torch (a test checks it), so the web process may import
+engine/memory/estimate.py beside it). Imports no torch (a test checks it), so the web process may import
 this module.
 """
 
@@ -27,7 +27,7 @@ CONVERT_DTYPES = ("float16", "bfloat16", "float32")  # what a safetensors checkp
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # auto: K/V stored in the activation dtype (resolve_kv_cache_dtype says where not); bfloat16: bf16
 # whatever the activations; int8 / fp8_e4m3: codes with one float32 scale per (token, KV head),
-# written with the token (engine/layers/kv_quant.py says why).
+# written with the token (engine/kernels/kv_quant.py says why).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8_e4m3")
 
 CONVERT_QUANTIZATIONS = ("int8", "int4")  # what `python -m engine convert` writes

@@ -10,7 +10,7 @@ from engine.errors import InvalidParameterError
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 
 class LLM:
     def __init__(self, model: str, *, progress: Callable[[int, int], None] | None = None, **config):

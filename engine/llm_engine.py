@@ -1,8 +1,8 @@
 """The step-level engine: add requests, step, read per-request deltas; abort at any time.
 
 One request never fails a step for the others. Its parameters are checked at admission
-(engine/admission.py): ``add_request`` stores nothing unless it succeeds. If a step still raises,
-its sequences are re-run in halves until the failing ones are found (engine/isolation.py); those
+(engine/scheduling/admission.py): ``add_request`` stores nothing unless it succeeds. If a step still raises,
+its sequences are re-run in halves until the failing ones are found (engine/runtime/isolation.py); those
 alone finish with ``FinishReason.ERROR``, their blocks freed, and the rest keep the tokens the step
 computed for them. When nothing of a step can run, a one-token probe tells whether the engine
 itself is broken (``is_healthy``).
@@ -16,25 +16,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
+from engine.scheduling.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
-from engine.admission import check_length, check_request, check_token_ids, encode_prompt
+from engine.scheduling.admission import check_length, check_request, check_token_ids, encode_prompt
 from engine.errors import InvalidParameterError, RequestNotFoundError
-from engine.host_memory import release_after_load, release_idle_heap
-from engine.isolation import bisect, probe
-from engine.model_runner import ModelRunner
+from engine.memory.host_memory import release_after_load, release_idle_heap
+from engine.runtime.isolation import bisect, probe
+from engine.runtime.model_runner import ModelRunner
 from engine.models.loader import iter_weights, load_model_config
 from engine.models.registry import resolve_model_path
 from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput, TokenLogprob
-from engine.parallel_sampling import SampleGroup, check_n, derive_seed, fork, sample_id
+from engine.sampling.parallel_sampling import SampleGroup, check_n, derive_seed, fork, sample_id
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduling.scheduler import Scheduler
 from engine.structured.grammar import GrammarCompiler
-from engine.sequence import Sequence
+from engine.scheduling.sequence import Sequence
 from engine.stats import EngineStats, engine_stats
-from engine.tokenizer import load_tokenizer
+from engine.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class LLMEngine:
                     arrival_time: float | None = None, n: int = 1) -> int:
         """Queue a request; returns its prompt length. Raises if it can never be served.
 
-        ``n`` > 1 asks for n samples of the same prompt (engine/parallel_sampling.py): their
+        ``n`` > 1 asks for n samples of the same prompt (engine/sampling/parallel_sampling.py): their
         outputs carry ``index``; each sample's end sets its ``finish_reason``, and ``finished``
         marks the request's last output. Atomic: when it raises, nothing of the request remains.
         """
@@ -274,7 +274,7 @@ class LLMEngine:
         del self._requests[req.seq.request_id]
 
     def check_health(self) -> bool:
-        """Probe the engine with a one-token request (engine/isolation.py); updates ``is_healthy``.
+        """Probe the engine with a one-token request (engine/runtime/isolation.py); updates ``is_healthy``.
         Call it from the thread that steps the engine."""
         tried, error = probe(self.runner, self.block_manager)
         if error is not None:

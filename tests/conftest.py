@@ -94,7 +94,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny_llama")
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def long_llama_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     directory = tmp_path_factory.mktemp("long_llama")
     torch.manual_seed(0)

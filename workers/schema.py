@@ -9,7 +9,7 @@ into the engine stays ``workers/``; every name comes from a module that loads no
 from engine.bundled import BUNDLED_MODELS, DEFAULT_BUNDLED_MODEL, bundled_model_path
 from engine.config import CONVERT_DTYPES, SETTINGS_BY_NAME, check_settings
 from engine.errors import InvalidParameterError, ModelLoadError
-from engine.estimate import estimate_memory
+from engine.memory.estimate import estimate_memory
 from engine.sampling_params import MAX_INT32, SAMPLING_LIMITS, Limit
 from engine.structured.spec import structured_grammar
 

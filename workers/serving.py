@@ -202,15 +202,15 @@ def exit_now(code: int) -> None:
 
 def check_fits(config: EngineConfig, settings: dict) -> None:
     """InvalidParameterError with the figures when, on the CPU, the model's weights and KV pool
-    at full use (engine/estimate.py) exceed the machine's memory: refused before loading. A
+    at full use (engine/memory/estimate.py) exceed the machine's memory: refused before loading. A
     checkpoint the estimate cannot read is left to the load, which says what is wrong with it."""
     import torch
 
-    from engine import cpu_info
-    from engine.estimate import MiB, estimate_memory
+    from engine.kernels.cpu import cpu_info
+    from engine.memory.estimate import MiB, estimate_memory
 
     if config.device != "cpu" and (config.device != "auto" or torch.cuda.is_available()):
-        return  # on CUDA the engine measures what fits (engine/gpu_memory.py)
+        return  # on CUDA the engine measures what fits (engine/memory/gpu_memory.py)
     try:
         estimate = estimate_memory(config.model, settings, device="cpu")
     except InvalidParameterError:

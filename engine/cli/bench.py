@@ -22,7 +22,7 @@ def add_args(p) -> None:
 
 def build_prompts(args, tokenizer) -> list[list[int]]:
     if args.prompts_file:
-        from engine.tokenizer import apply_chat_template
+        from engine.text.tokenizer import apply_chat_template
         with open(args.prompts_file) as f:
             texts = json.load(f)
         texts = (texts * (args.num_prompts // len(texts) + 1))[:args.num_prompts]

@@ -6,7 +6,7 @@ import sys
 import time
 
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 
 HELP = "chat interactively with a model (/reset clears the history, /quit or Ctrl-D exits)"
 

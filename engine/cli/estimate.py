@@ -1,6 +1,6 @@
 """python -m engine estimate MODEL [engine options] — the memory MODEL needs, before loading it.
 
-Reads only the checkpoint's headers (engine/estimate.py); prints weights, KV cache, checkpoint
+Reads only the checkpoint's headers (engine/memory/estimate.py); prints weights, KV cache, checkpoint
 metadata and activation workspace per tensor-parallel rank, or all of it as JSON with --json.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from engine.cli.args import engine_kwargs
-from engine.estimate import MiB, estimate_memory
+from engine.memory.estimate import MiB, estimate_memory
 
 HELP = "estimate the memory a model needs with the given settings, without loading it"
 

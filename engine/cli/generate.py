@@ -26,7 +26,7 @@ def run(args, load_llm) -> int:
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop)
     prompt = args.prompt
     if args.chat:
-        from engine.tokenizer import apply_chat_template
+        from engine.text.tokenizer import apply_chat_template
         prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": prompt}])
     last = None
     for out in llm.stream(prompt, params):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.models.loader import load_model_config
 from engine.models.registry import resolve_model_path
-from engine.tokenizer import load_tokenizer
+from engine.text.tokenizer import load_tokenizer
 
 
 def export_tokenizer(model: str, out_dir: str | Path) -> Path:

@@ -96,7 +96,7 @@ def validate(model_path: str | Path, report: Report) -> dict:
     from engine.models.loader import load_model_config
     from engine.models.registry import resolve_model_path
     from engine.sampling_params import SamplingParams
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     path = resolve_model_path(str(model_path))
     report("reading config", 0.0)

@@ -1,4 +1,4 @@
-"""Rank 0's handle on ranks 1..N-1 (the loop each of them runs is engine/distributed/rank_main.py).
+"""Rank 0's handle on ranks 1..N-1 (the loop each of them runs is engine/runtime/rank_main.py).
 
 Rank 0 starts one process per other rank (a subprocess), each joining the group on a free
 loopback port. Every step rank 0 sends each rank the scheduled entries as
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.distributed import parallel_state
 from engine.distributed.parallel_state import RankLostError
-from engine.scheduler import ScheduledSequence
+from engine.scheduling.scheduler import ScheduledSequence
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def unpack_step(packed: list[tuple]) -> list[ScheduledSequence]:
 class RankGroup:
     """Ranks 1..N-1 of a tensor-parallel engine whose rank 0 is this process.
 
-    Each rank is a ``python -m engine.distributed.rank_main`` subprocess (no re-import of the
+    Each rank is a ``python -m engine.runtime.rank_main`` subprocess (no re-import of the
     caller's main module, as multiprocessing's spawn would do); it reads its start-up arguments
     from stdin, then connects back to a loopback control socket, which becomes its step pipe.
     """
@@ -85,7 +85,7 @@ class RankGroup:
             server.listen(size)
             server.settimeout(0.5)
             for r in range(1, size):
-                process = subprocess.Popen([sys.executable, "-m", "engine.distributed.rank_main"],
+                process = subprocess.Popen([sys.executable, "-m", "engine.runtime.rank_main"],
                                            stdin=subprocess.PIPE, env=env)
                 process.stdin.write(pickle.dumps((r, port, server.getsockname()[1], token, config,
                                                   model_config, max_model_len, eos_token_ids)))

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_tile import attend_tile
-from engine.layers.kv_quant import bits, dequantize
+from engine.kernels.kv_quant import bits, dequantize
 from engine.kernels.common import (
     FLOAT_DTYPES, check_heads, scale_args, check_kv_cache, dot_precision, dot_upcast, innermost_contiguous, require,
 )

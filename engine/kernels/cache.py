@@ -1,6 +1,6 @@
 """Write this step's keys and values into the paged KV cache (float, or 8-bit codes + scales).
 
-An 8-bit cache (engine/layers/kv_quant.py) stores int8 or fp8 e4m3 codes and one float32
+An 8-bit cache (engine/kernels/kv_quant.py) stores int8 or fp8 e4m3 codes and one float32
 scale per (token, KV head), scale = max |row| / QMAX rounded up to a bfloat16 value; int8 codes round half away from zero here
 (torch.round, the reference's, rounds half to even: a tie may land one code apart).
 """
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.common import check_kv_cache, check_kv_scales, innermost_contiguous, require
-from engine.layers import kv_quant
+from engine.kernels import kv_quant
 
 
 @triton.jit

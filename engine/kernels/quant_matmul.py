@@ -22,7 +22,7 @@ import triton.language as tl
 from engine.kernels.common import (
     FLOAT_DTYPES, dot_precision, dot_upcast, innermost_contiguous, require,
 )
-from engine.quantization.reference import (GROUP_SIZES, int4_linear_reference, int8_linear_reference,
+from engine.kernels.quant_reference import (GROUP_SIZES, int4_linear_reference, int8_linear_reference,
                                            unpack_codes)
 
 

@@ -1,2 +1,2 @@
-"""Model building blocks: attention, norms, rotary, activation, linear layers (with their weight
-loaders) and the sampler."""
+"""Model building blocks: attention (with the per-step metadata it reads), norms, rotary,
+activation, linear layers (with their weight loaders)."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention_metadata import AttentionMetadata
 from engine.layers import kv_access
 
 

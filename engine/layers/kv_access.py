@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers import kv_quant
+from engine.kernels import kv_quant
 
 
 class FloatPool:

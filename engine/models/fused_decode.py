@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention_metadata import AttentionMetadata
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 

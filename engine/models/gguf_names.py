@@ -1,6 +1,6 @@
 """GGUF's names against ours: ggml type ids, the block types that load into our int4/int8 layouts
 as they are, and GGUF tensor names -> Hugging Face ones. Imports no torch: the loader
-(gguf_loader.py) and the memory estimate (engine/estimate.py) read the same tables."""
+(gguf_loader.py) and the memory estimate (engine/memory/estimate.py) read the same tables."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention_metadata import AttentionMetadata
 from engine.distributed import parallel_state
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import PagedAttention

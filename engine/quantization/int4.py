@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.cpu import qmatmul
-from engine.quantization.reference import (  # noqa: F401  (part of this module's API)
+from engine.kernels.quant_reference import (  # noqa: F401  (part of this module's API)
     GROUP_SIZES, dequantize_int4, int4_linear_reference, pack_codes, unpack_codes)
 
 KERNEL_DTYPE = torch.bfloat16  # scales, zeros and activations of the fast CPU product

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quantization.reference import dequantize_int8, int8_linear_reference  # noqa: F401
+from engine.kernels.quant_reference import dequantize_int8, int8_linear_reference  # noqa: F401
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -54,7 +54,7 @@ def redis_site(tmp_path_factory, tiny_llama_dir, redis_server):
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_llama_dir):
     """The engine's tokenizer of the tiny model: the reference for prompt token counts."""
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tiny_llama_dir))
 

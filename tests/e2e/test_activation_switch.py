@@ -43,7 +43,7 @@ def tiny_llama(directory, seed: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
     from tests.conftest import TINY_LLAMA_SIZES
 
     torch.manual_seed(seed)

@@ -57,7 +57,7 @@ def answers(site, conversation: str) -> list[tuple[int, int]]:
 
 def document_tokens(text: str) -> int:
     """The tokens of the document as the prompt wraps it (webapp.chat.documents.prompt_text)."""
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     return len(load_tokenizer("smollm2").encode(f'<document name="keeper-log.txt">\n{text}\n</document>'))
 

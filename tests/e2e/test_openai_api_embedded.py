@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import apply_chat_template, load_tokenizer
+from engine.text.tokenizer import apply_chat_template, load_tokenizer
 from tests.e2e.sites import READYZ_TOKEN
 
 pytestmark = pytest.mark.e2e

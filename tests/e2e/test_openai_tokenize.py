@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from engine.tokenizer import load_tokenizer
+from engine.text.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ def smollm2_path():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_path):
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     return load_tokenizer(smollm2_path)
 
@@ -52,7 +52,7 @@ def chat_fidelity(hf_smollm2):
     transformers fp32 on the same GGUF reads the same tokens (teacher-forced top-1 / top-5)."""
     from engine import SamplingParams
     from engine.quantization.fidelity import Fidelity, teacher_forced_fidelity
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
 
     def reference(ids):
         with torch.no_grad():

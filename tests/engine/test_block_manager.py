@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.scheduling.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.scheduling.sequence import Sequence
 
 
 def make_seq(rid, tokens):

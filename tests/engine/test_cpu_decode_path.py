@@ -5,7 +5,7 @@ rotate Q and K as Hugging Face does."""
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from engine.attention_metadata import AttentionMetadata, DecodeGroup
+from engine.layers.attention_metadata import AttentionMetadata, DecodeGroup
 from engine.layers.attention import LONG_DECODE_CONTEXT, PagedAttention, Workspace
 from engine.layers.kv_access import pool_access
 from engine.layers.rotary import RotaryEmbedding

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine import cpu_info
+from engine.kernels.cpu import cpu_info
 from engine.kernels.cpu import build
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from engine import LLM, SamplingParams
-from engine.attention_metadata import DecodeGroup
+from engine.layers.attention_metadata import DecodeGroup
 from engine.layers.activation import SiluAndMul
 from engine.layers.layernorm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.text.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidParameterError
 
 CHUNK_SIZES = [1, 3]

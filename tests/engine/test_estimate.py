@@ -1,4 +1,4 @@
-"""The memory estimate (engine/estimate.py, ``python -m engine estimate``) against what loading
+"""The memory estimate (engine/memory/estimate.py, ``python -m engine estimate``) against what loading
 really takes: the bundled SmolLM2 loaded in a fresh process in three configurations, its
 resident anonymous memory measured with every KV block in use; the engine's own count of its
 tensors; the KV formula; tensor-parallel shards; no torch needed to estimate."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InvalidParameterError
-from engine.estimate import estimate_memory
+from engine.memory.estimate import estimate_memory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Loads SmolLM2 with the settings in argv[1]; prints RssAnon growth (after malloc_trim, so freed
@@ -23,9 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MEASURE = r"""
 import ctypes, gc, json, sys
 import torch
-from engine.gpu_memory import weights_bytes
+from engine.memory.gpu_memory import weights_bytes
 from engine.llm import LLM
-from engine.tokenizer import load_tokenizer
+from engine.text.tokenizer import load_tokenizer
 
 trim = ctypes.CDLL("libc.so.6").malloc_trim
 def anon():
@@ -97,7 +97,7 @@ def test_tensor_parallel_ranks_each_hold_a_shard_of_projections_vocabulary_and_k
 
 @pytest.mark.slow
 def test_estimate_equals_the_engines_tensor_bytes_for_a_safetensors_checkpoint(tiny_llama_dir):
-    from engine.gpu_memory import weights_bytes
+    from engine.memory.gpu_memory import weights_bytes
     from engine.llm import LLM
 
     for settings in ({"num_kv_blocks": 8}, {"num_kv_blocks": 8, "quantization": "int8"}):
@@ -112,7 +112,7 @@ def test_a_bad_setting_is_refused_naming_it(tiny_llama_dir):
 
 
 def test_estimating_loads_no_torch():
-    code = ("import sys; from engine.estimate import estimate_memory; "
+    code = ("import sys; from engine.memory.estimate import estimate_memory; "
             "estimate_memory('smollm2', {'quantization': 'int4'}); print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.cpu_info import has_fast_bf16
+from engine.kernels.cpu.cpu_info import has_fast_bf16
 from engine.layers.linear import Int4Linear
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.input_batch import build_input_batch
+from engine.scheduling.input_batch import build_input_batch
 from engine.kernels.cpu import decode_step
 
 pytestmark = pytest.mark.skipif(decode_step.library() is None,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bench import gpu as bench
-from engine.cuda_graphs import capture_sizes
-from engine.gpu_memory import dummy_caches, dummy_prefill_entries, run_dummy_step
+from engine.runtime.cuda_graphs import capture_sizes
+from engine.memory.gpu_memory import dummy_caches, dummy_prefill_entries, run_dummy_step
 
 CPU_ARGS = ["--device", "cpu", "--dtype", "float32", "--models", "tiny", "--batch-sizes", "1,3",
             "--prompt-len", "8", "--decode-tokens", "3", "--warmup-steps", "1",

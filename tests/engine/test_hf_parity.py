@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 
 NUM_TOKENS = 32
 # The exact path: float32 activations and float weights, whatever the defaults become.

@@ -7,7 +7,7 @@ import pytest
 
 import engine.llm_engine as llm_engine_module
 from engine.config import EngineConfig
-from engine.host_memory import release_idle_heap
+from engine.memory.host_memory import release_idle_heap
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 

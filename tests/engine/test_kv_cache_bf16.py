@@ -8,7 +8,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidParameterError
-from engine.estimate import estimate_memory
+from engine.memory.estimate import estimate_memory
 from engine.kernels.cpu import decode_step
 
 MIB = 1 << 20

@@ -8,8 +8,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.errors import InvalidParameterError
-from engine.estimate import estimate_memory
-from engine.layers import kv_quant
+from engine.memory.estimate import estimate_memory
+from engine.kernels import kv_quant
 
 MIB = 1 << 20
 SETTINGS = dict(max_model_len=256, device="cpu", max_num_seqs=8)

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from engine.gpu_memory import lazy_zeros
+from engine.memory.gpu_memory import lazy_zeros
 from engine.layers.attention import kv_cache_shape
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")

@@ -1,4 +1,4 @@
-"""The KV pool's size (engine/kv_pool_sizing.py), the one formula the runner allocates by and the
+"""The KV pool's size (engine/memory/kv_pool_sizing.py), the one formula the runner allocates by and the
 memory estimate predicts by: the settings' rules, without a model or torch."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from engine.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
+from engine.memory.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
 
 
 def _blocks(device_type="cpu", device_budget=lambda: None, **settings) -> int:

@@ -40,7 +40,7 @@ def test_generate_returns_results_in_input_order_with_text_and_finish_reason(tin
 def test_streamed_deltas_join_to_the_final_text_including_non_ascii(smollm2_llm):
     prompt = [{"role": "user", "content": "Write the word 'café' and the emoji 🍰 three times, "
                                           "then say 'naïve' in Japanese: ナイーブ."}]
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
     ids = apply_chat_template(smollm2_llm.tokenizer, prompt)
     deltas = list(smollm2_llm.stream(ids, SamplingParams(temperature=0, max_tokens=48)))
     text = "".join(d.text_delta for d in deltas)
@@ -63,7 +63,7 @@ def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(tiny):
 
 
 def test_stop_string_ends_output_and_is_excluded(smollm2_llm):
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
     ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": "Count from 1 to 10, comma separated."}])
     full = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=40))[0].text
     assert "5" in full
@@ -90,7 +90,7 @@ EOS_PROMPT = "What is 2 + 2?"
 
 
 def test_eos_stops_unless_ignore_eos(smollm2_llm):
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
     ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
     stops = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     assert stops.finish_reason == "stop" and stops.token_ids[-1] == 2
@@ -99,7 +99,7 @@ def test_eos_stops_unless_ignore_eos(smollm2_llm):
 
 
 def test_min_tokens_holds_back_eos(smollm2_llm):
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
     ids = apply_chat_template(smollm2_llm.tokenizer, [{"role": "user", "content": EOS_PROMPT}])
     short = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64))[0]
     held = smollm2_llm.generate(ids, SamplingParams(temperature=0, max_tokens=64, min_tokens=len(short.token_ids) + 5))[0]

@@ -4,7 +4,7 @@ that sample alone with its derived seed."""
 import pytest
 
 from engine import LLM, InvalidParameterError, SamplingParams
-from engine.parallel_sampling import derive_seed
+from engine.sampling.parallel_sampling import derive_seed
 
 PROMPT = list(range(100, 150))  # 50 tokens: 3 full blocks of 16 shared, a 2-token tail recomputed
 SEEDED = SamplingParams(temperature=1.0, max_tokens=10, seed=4321, ignore_eos=True)

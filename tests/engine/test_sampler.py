@@ -13,8 +13,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.layers.sampler import Sampler, apply_penalties
-from engine.sampling_metadata import SamplingMetadata
+from engine.sampling.sampler import Sampler, apply_penalties
+from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.sampling_params import SamplingParams
 
 NUM_DRAWS = 16000
@@ -278,7 +278,7 @@ def test_all_greedy_fast_path_matches_greedy_rows_of_a_mixed_batch():
 
 @pytest.mark.parametrize("candidates", [16, 200])
 def test_top_k_top_p_over_candidates_keeps_the_same_tokens_as_the_full_sort(monkeypatch, candidates):
-    from engine.layers import sampler as sampler_module
+    from engine.sampling import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", candidates)
     gen = torch.Generator().manual_seed(candidates)
@@ -295,7 +295,7 @@ def test_top_k_top_p_over_candidates_keeps_the_same_tokens_as_the_full_sort(monk
 
 
 def test_top_k_ties_at_the_kth_value_beyond_the_candidates_are_all_kept(monkeypatch):
-    from engine.layers import sampler as sampler_module
+    from engine.sampling import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", 8)
     logits = torch.zeros(1, 100)

@@ -1,9 +1,9 @@
 """Continuous batching decisions, without a model: budgets, chunking, preemption, policies."""
 
-from engine.block_manager import BlockManager
+from engine.scheduling.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 def make(num_blocks=100, block_size=4, max_num_seqs=8, max_tokens=64, policy="fcfs", caching=True):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine import LLM, InvalidParameterError, SamplingParams
-from engine.block_manager import BlockManager
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Sequence
 from engine.structured.bitmask import apply_bitmask
 from engine.structured.grammar import RequestGrammar
 

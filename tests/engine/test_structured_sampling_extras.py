@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine import LLM, InvalidParameterError, SamplingParams
-from engine.layers.sampler import Sampler
-from engine.sampling_metadata import SamplingMetadata
+from engine.sampling.sampler import Sampler
+from engine.sampling.sampling_metadata import SamplingMetadata
 
 
 @pytest.fixture(scope="module")

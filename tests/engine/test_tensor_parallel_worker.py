@@ -32,7 +32,7 @@ def rank_processes() -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == os.getpid() and b"engine.distributed.rank_main" in cmdline:
+        if ppid == os.getpid() and b"engine.runtime.rank_main" in cmdline:
             pids.append(int(stat.parent.name))
     return pids
 

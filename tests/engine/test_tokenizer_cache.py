@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from engine.tokenizer import _convert_gguf_tokenizer, apply_chat_template, gguf_tokenizer_dir, load_tokenizer
+from engine.text.tokenizer import _convert_gguf_tokenizer, apply_chat_template, gguf_tokenizer_dir, load_tokenizer
 
 TEXTS = ["Hello, world!", "  leading spaces and\ttabs\n\nnew lines", "naïve café — 東京 🙂",
          "<|im_start|>user\nhi<|im_end|>", "def f(x):\n    return x ** 2  # 1234567890"]

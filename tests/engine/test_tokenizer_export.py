@@ -6,7 +6,7 @@ import jinja2.sandbox
 import pytest
 from tokenizers import Tokenizer
 
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from engine.cli.tokenizer_export import export_tokenizer
 
 

@@ -31,7 +31,7 @@ def smollm2_tokenizer_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_hf_tokenizer():
     """The engine's own (transformers) tokenizer of the bundled model: the reference."""
-    from engine.tokenizer import load_tokenizer
+    from engine.text.tokenizer import load_tokenizer
 
     return load_tokenizer("smollm2")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.chat.models import Message
 
 from tests.webapp.test_chat_consumer import (alice, chat_worker, communicator, models, receive_until,  # noqa: F401

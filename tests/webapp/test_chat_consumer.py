@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from engine import SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.chat.models import Message
 from webapp.config.asgi import application
 from webapp.registry.models import Model, ModelVersion

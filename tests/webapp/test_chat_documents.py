@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.chat.documents import prompt_text
 from webapp.chat.models import Message
 from webapp.chat.selectors import message_to_dict

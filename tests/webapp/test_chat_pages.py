@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.chat.models import Conversation, Message
 from webapp.chat.services import ChatInputError, turn_finish, turn_prepare
 from webapp.usage.outcome import Outcome

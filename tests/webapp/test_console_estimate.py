@@ -1,5 +1,5 @@
 """The console's models page shows the memory estimate for the engine settings being edited:
-estimate.json answers with engine/estimate.py's figures for the form's values over the saved
+estimate.json answers with engine/memory/estimate.py's figures for the form's values over the saved
 settings, and names a bad field."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from engine.estimate import estimate_memory
+from engine.memory.estimate import estimate_memory
 from webapp.registry.services import model_create, modelversion_create
 
 pytestmark = pytest.mark.django_db

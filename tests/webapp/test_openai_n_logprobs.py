@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.test import AsyncClient
 
 from engine import LLM, SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.keys.services import apikey_create
 from webapp.registry.models import Model, ModelVersion
 from webapp.usage.models import UsageRecord

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import apply_chat_template
+from engine.text.tokenizer import apply_chat_template
 from webapp.keys.services import apikey_create
 from webapp.openai_api.errors import OpenAIError
 from webapp.openai_api.services import CHAT, COMPLETIONS, generation_prepare

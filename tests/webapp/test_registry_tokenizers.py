@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.tokenizer import apply_chat_template as engine_apply_chat_template
+from engine.text.tokenizer import apply_chat_template as engine_apply_chat_template
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer
 
 CONVERSATIONS = [

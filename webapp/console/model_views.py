@@ -225,7 +225,7 @@ def version_update_settings(request, version_id: int):
 @staff_required
 def version_estimate(request, version_id: int):
     """The memory the version needs with the settings being edited (the form's fields as query
-    parameters, over its saved settings): engine/estimate.py, from the checkpoint's headers."""
+    parameters, over its saved settings): engine/memory/estimate.py, from the checkpoint's headers."""
     version = get_object_or_404(ModelVersion, pk=version_id)
     try:
         settings = settings_from_form(request.GET, dict(version.engine_settings))

@@ -5,7 +5,7 @@ registry.services.modelversion_prepare_tokenizer): ``tokenizer.json`` for the ``
 library (Rust) and ``tokenizer_config.json`` for the chat template, which is rendered the way
 transformers renders it (jinja2's ImmutableSandboxedEnvironment with trim_blocks/lstrip_blocks,
 loop controls, ``raise_exception``, a non-escaping ``tojson`` and ``strftime_now``) and then
-encoded without adding special tokens, so the ids equal engine.tokenizer.apply_chat_template's.
+encoded without adding special tokens, so the ids equal engine.text.tokenizer.apply_chat_template's.
 """
 
 from __future__ import annotations

@@ -4,5 +4,6 @@ cached, and called through ctypes with the signatures native.py declares.
 
 Nothing here needs torch's headers, so a build takes seconds; without a compiler, or on a CPU
 without AVX2/FMA/F16C, ``native.library()`` returns None and the engine keeps torch's kernels.
-PAGODA_NATIVE_KERNELS=0 turns them off.
+PAGODA_NATIVE_KERNELS=0 turns them off. cpu_info.py says what the CPU has (its ISA flags, under
+PAGODA_MAX_CPU_ISA, and its memory): the build's target, and the engine's choice of dtype.
 """

@@ -20,13 +20,15 @@ import subprocess
 import tempfile
 import threading
 
+from engine.kernels.cpu.cpu_info import cpu_flags, isa_cap
+
 logger = logging.getLogger(__name__)
 
 HERE = pathlib.Path(__file__).resolve().parent
 NAME = "pagoda_kernels"
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 NATIVE = ("-march=native",)  # the instruction set of the machine that builds (and runs) it
-# under PAGODA_MAX_CPU_ISA (engine.cpu_info): AVX2 + FMA + F16C + BMI2 only, or all but AMX
+# under PAGODA_MAX_CPU_ISA (engine.kernels.cpu.cpu_info): AVX2 + FMA + F16C + BMI2 only, or all but AMX
 CAPPED = {"avx2": ("-march=x86-64-v3", "-mtune=native"),
           "avx512": ("-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")}
 _lock = threading.Lock()
@@ -47,8 +49,6 @@ def likely_available() -> bool:
     without building them: for estimates made before anything loads."""
     if not enabled() or not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")):
         return False
-    from engine.cpu_info import cpu_flags
-
     return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
@@ -104,8 +104,6 @@ def _compile(files: list[pathlib.Path], target: pathlib.Path, compiler: str,
 
 def default_arch() -> tuple[str, ...]:
     """This machine's instruction set, or the part of it PAGODA_MAX_CPU_ISA leaves."""
-    from engine.cpu_info import isa_cap
-
     cap = isa_cap()
     return CAPPED[cap] if cap else NATIVE
 

@@ -31,7 +31,7 @@ def model_paths(smollm2_path, tiny_llama_dir):
 @pytest.fixture(scope="session")
 def prompts_for(smollm2_tokenizer):
     """prompts_for(model): a batch of mixed-length prompts as token ids."""
-    from engine.tokenizer import apply_chat_template
+    from engine.text.tokenizer import apply_chat_template
 
     def get(model: str) -> list[list[int]]:
         if model == "smollm2":

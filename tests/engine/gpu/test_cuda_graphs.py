@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.attention_metadata import AttentionMetadata
-from engine.layers.sampler import Sampler
-from engine.model_runner import ModelRunner
-from engine.sampling_metadata import SamplingMetadata
-from engine.scheduler import ScheduledSequence
-from engine.sequence import Sequence
+from engine.layers.attention_metadata import AttentionMetadata
+from engine.sampling.sampler import Sampler
+from engine.runtime.model_runner import ModelRunner
+from engine.sampling.sampling_metadata import SamplingMetadata
+from engine.scheduling.scheduler import ScheduledSequence
+from engine.scheduling.sequence import Sequence
 
 pytestmark = pytest.mark.gpu
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import CudaGraphRunner
-from engine.gpu_memory import dummy_caches, dummy_prefill_entries, run_dummy_step
-from engine.input_batch import build_input_batch
+from engine.runtime.cuda_graphs import CudaGraphRunner
+from engine.memory.gpu_memory import dummy_caches, dummy_prefill_entries, run_dummy_step
+from engine.scheduling.input_batch import build_input_batch
 
 BLOCK_SIZE = 16
 MAX_BATCHED_TOKENS = 32  # below the longest prompt, so prompts are prefilled in chunks

@@ -1,7 +1,7 @@
 """The Triton cache-write, decode and prefill kernels over an int8 / fp8 e4m3 KV cache (codes +
 a float32 scale per token and KV head) against their plain-torch references, interpreted on CPU.
 
-The references quantize with engine.layers.kv_quant (the CPU engine's own code) and attend in
+The references quantize with engine.kernels.kv_quant (the CPU engine's own code) and attend in
 float32 over the dequantized cache; the kernels dequantize tile by tile as they load."""
 
 import pytest
@@ -12,7 +12,7 @@ from engine.kernels.attention_decode import paged_decode_attention, paged_decode
 from engine.kernels.attention_prefill import paged_prefill_attention, paged_prefill_attention_ref
 from engine.kernels.cache import reshape_and_cache, reshape_and_cache_ref
 from engine.kernels.common import is_interpreting
-from engine.layers import kv_quant
+from engine.kernels import kv_quant
 
 CODES = [torch.int8, torch.float8_e4m3fn]
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 2, 64, 16

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from engine.errors import InvalidParameterError
-from engine.tokenizer import apply_chat_template, load_tokenizer
+from engine.text.tokenizer import apply_chat_template, load_tokenizer
 
 TEXT = "Hello, world! Ünïcödé and   spaces\n\tdone."
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]

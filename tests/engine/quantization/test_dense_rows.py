@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import DEFAULT_QUANTIZATION_DENSE_ROWS, DENSE_ROWS_CROSSOVER, EngineConfig
 from engine.errors import InvalidParameterError
-from engine.gpu_memory import weights_bytes
+from engine.memory.gpu_memory import weights_bytes
 from engine.layers.linear import Int4Linear, Int8Linear
 from engine.quantization.int4 import Int4WeightOnlyLinear, dequantize_int4, quantize_int4
 from engine.quantization.int8 import Int8WeightOnlyLinear
@@ -68,7 +68,7 @@ def test_dense_rows_setting_range_and_default():
 
 
 def _engine(directory, monkeypatch, layout, dense_rows, dtype="bfloat16"):
-    monkeypatch.setattr("engine.model_runner.cpu_info.has_fast_bf16", lambda: True)
+    monkeypatch.setattr("engine.runtime.model_runner.cpu_info.has_fast_bf16", lambda: True)
     return LLM(str(directory), dtype=dtype, quantization=layout, quantization_group_size=32,
                quantization_dense_rows=dense_rows, num_kv_blocks=32, enable_prefix_caching=False)
 
@@ -124,7 +124,7 @@ def test_dense_copy_memory_is_counted_and_absent_when_off(tiny_llama_dir, monkey
     # fp32 activations, or a CPU without fast bf16: the setting keeps nothing
     fp32 = _engine(tiny_llama_dir, monkeypatch, "int4", THRESHOLD, dtype="float32")
     assert all(m.weight_dense is None for m in _quantized(fp32))
-    monkeypatch.setattr("engine.model_runner.cpu_info.has_fast_bf16", lambda: False)
+    monkeypatch.setattr("engine.runtime.model_runner.cpu_info.has_fast_bf16", lambda: False)
     slow = LLM(str(tiny_llama_dir), dtype="bfloat16", quantization="int4",
                quantization_group_size=32, quantization_dense_rows=THRESHOLD, num_kv_blocks=32)
     assert all(m.weight_dense is None for m in _quantized(slow))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSequence
-from engine.sequence import Sequence
+from engine.scheduling.scheduler import ScheduledSequence
+from engine.scheduling.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

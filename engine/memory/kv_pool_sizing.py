@@ -1,6 +1,6 @@
 """How large the KV pool is: the bytes one token takes in it, and the blocks a budget holds.
 
-One formula for the runner, which allocates the pool, and for engine/estimate.py, which predicts
+One formula for the runner, which allocates the pool, and for engine/memory/estimate.py, which predicts
 it before anything loads; imports no torch.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine import cpu_info
+from engine.kernels.cpu import cpu_info
 from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
 
 KV_SCALE_BYTES = 4  # the float32 scale of one token's 8-bit K (or V) row of one KV head
@@ -17,7 +17,7 @@ KV_SCALE_BYTES = 4  # the float32 scale of one token's 8-bit K (or V) row of one
 def kv_bytes_per_token_head(kv_cache_dtype: str, head_dim: int, elem: int) -> int:
     """Bytes of one token's K (or V) row of one KV head in the pool: head_dim elements of the
     activation dtype (``elem`` bytes; kv_cache_dtype bfloat16: 2 bytes), or 8-bit codes and a
-    float32 scale (kv_cache_dtype int8 / fp8_e4m3, engine/layers/kv_quant.py)."""
+    float32 scale (kv_cache_dtype int8 / fp8_e4m3, engine/kernels/kv_quant.py)."""
     if kv_cache_dtype == "auto":
         return head_dim * elem
     if kv_cache_dtype == "bfloat16":

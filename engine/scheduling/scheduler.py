@@ -13,8 +13,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.sequence import Sequence, SequenceStatus
 
 IDLE_COMPILE_WAIT_S = 0.005  # a step with nothing to run but a grammar compiling waits this long for it
 

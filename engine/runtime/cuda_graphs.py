@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention_metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 

@@ -8,27 +8,27 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import cpu_info
+from engine.kernels.cpu import cpu_info
 from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_dtype,
                            resolve_quantization, resolve_use_triton)
-from engine.cuda_graphs import CudaGraphRunner
+from engine.runtime.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
-from engine.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
-from engine.input_batch import build_input_batch
-from engine.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
-from engine.layers import kv_quant
+from engine.memory.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
+from engine.scheduling.input_batch import build_input_batch
+from engine.memory.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
+from engine.kernels import kv_quant
 from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace, kv_cache_shape
-from engine.layers.sampler import Sampler
+from engine.sampling.sampler import Sampler
 from engine.models.fused_decode import FusedDecode
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
 from engine.models.model_config import ModelConfig
 from engine.outputs import TokenLogprob
-from engine.sampling_metadata import SamplingMetadata
-from engine.scheduler import ScheduledSequence
+from engine.sampling.sampling_metadata import SamplingMetadata
+from engine.scheduling.scheduler import ScheduledSequence
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def gguf_tokenizer_dir(path: Path) -> Path | None:
     except OSError as exc:
         logger.info("tokenizer cache %s not writable (%s): converting %s in this process", root, exc, path.name)
         return None
-    script = ("import sys; from engine.tokenizer import _convert_gguf_tokenizer; from pathlib import Path; "
+    script = ("import sys; from engine.text.tokenizer import _convert_gguf_tokenizer; from pathlib import Path; "
               "_convert_gguf_tokenizer(Path(sys.argv[1])).save_pretrained(sys.argv[2])")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ENGINE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention_metadata import AttentionMetadata, DecodeGroup, PrefillSeq
-from engine.scheduler import ScheduledSequence
+from engine.layers.attention_metadata import AttentionMetadata, DecodeGroup, PrefillSeq
+from engine.scheduling.scheduler import ScheduledSequence
 
 DECODE_GROUP_SIZE = 16  # decodes are padded per group of similar lengths, not to the batch max
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.input_batch import build_input_batch
+from engine.scheduling.input_batch import build_input_batch
 from engine.layers.attention import Workspace, kv_cache_shape
-from engine.sampling_metadata import SamplingMetadata
+from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
-from engine.scheduler import ScheduledSequence
-from engine.sequence import Sequence
+from engine.scheduling.scheduler import ScheduledSequence
+from engine.scheduling.sequence import Sequence
 
 GiB = 2**30
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_metadata import SamplingMetadata
+from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.structured.bitmask import apply_bitmask
 
 

@@ -1,7 +1,7 @@
 """Per-step sampling parameters of a batch, packed into device tensors once.
 
 The model runner builds one ``SamplingMetadata`` per step for the S sequences
-that sample; ``engine.layers.sampler.Sampler`` consumes it. Python-side flags
+that sample; ``engine.sampling.sampler.Sampler`` consumes it. Python-side flags
 let the sampler skip every feature no row in the batch uses.
 """
 

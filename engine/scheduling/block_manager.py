@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import xxhash
 
-from engine.sequence import Sequence
+from engine.scheduling.sequence import Sequence
 
 _NO_PARENT = 0
 

@@ -1,4 +1,4 @@
-"""``python -m engine.distributed.rank_main``: one tensor-parallel rank > 0, started by rank 0
+"""``python -m engine.runtime.rank_main``: one tensor-parallel rank > 0, started by rank 0
 (engine/distributed/ranks.RankGroup), its arguments pickled on stdin.
 
 The rank loads its shard into its own ModelRunner, then runs every step rank 0 sends it over
@@ -13,11 +13,11 @@ import sys
 from multiprocessing.connection import Connection
 
 from engine.distributed.ranks import unpack_step
-from engine.model_runner import ModelRunner
+from engine.runtime.model_runner import ModelRunner
 from engine.models.loader import iter_weights
 from engine.models.registry import resolve_model_path
 
-logger = logging.getLogger("engine.distributed.rank_main")  # run as __main__
+logger = logging.getLogger("engine.runtime.rank_main")  # run as __main__
 
 
 def rank_main(rank: int, port: int, control_port: int, token: bytes, config, model_config,

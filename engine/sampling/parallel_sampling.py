@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from engine.block_manager import BlockManager
+from engine.scheduling.block_manager import BlockManager
 from engine.errors import InvalidParameterError
-from engine.sequence import Sequence
+from engine.scheduling.sequence import Sequence
 
 MAX_N = 64  # samples per request (each its own sequence in the batch)
 _SEED_SPACE = 2**63

@@ -10,7 +10,7 @@ table, safetensors headers and config.json) and returns an ``Estimate`` per tens
   on the CPU (when anything is quantized: with the native kernels an int8 table that a tied
   embedding shares, its float table freed, in bf16 or fp32; else in bf16 torch's int8 copy;
   else in fp32 oneDNN's copy); the RoPE table;
-- KV cache, sized as the runner sizes its pool (engine/kv_pool_sizing.py): 2 x layers x KV
+- KV cache, sized as the runner sizes its pool (engine/memory/kv_pool_sizing.py): 2 x layers x KV
   heads / TP x (head dim x bytes per element, or for an int8 / fp8 kv_cache_dtype head dim + a
   4-byte scale) x tokens, where tokens is num_kv_blocks x block_size, or what kv_cache_memory
   holds, or the CPU default (max_num_seqs x max_model_len tokens within a tenth of memory); on
@@ -30,11 +30,11 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine import cpu_info
+from engine.kernels.cpu import cpu_info
 from engine.kernels.cpu import build as native_kernels
 from engine.config import EngineConfig, resolve_kv_cache_dtype, resolve_quantization, resolve_use_triton
 from engine.errors import InvalidParameterError, ModelLoadError
-from engine.kv_pool_sizing import KV_SCALE_BYTES, kv_bytes_per_token, num_kv_blocks
+from engine.memory.kv_pool_sizing import KV_SCALE_BYTES, kv_bytes_per_token, num_kv_blocks
 from engine.models.gguf_names import GGML_TYPES, NATIVE_LAYOUTS, hf_name
 from engine.models.registry import checkpoint_format, resolve_model_path
 
@@ -64,7 +64,7 @@ class Estimate:
     @property
     def resident_bytes(self) -> int:
         """Between steps with every KV block in use: what stays resident (the metadata the load
-        parsed is given back once it is done: engine/host_memory.py)."""
+        parsed is given back once it is done: engine/memory/host_memory.py)."""
         return self.weights_bytes + self.kv_cache_bytes + self.tokenizer_bytes
 
     @property
@@ -211,7 +211,7 @@ def _projection_bytes(layout: tuple, out_f: int, in_f: int, elem: int, dense_row
 
 def _kv_tokens(config: EngineConfig, device: str, kv_per_token: int, max_model_len: int,
                device_memory_bytes: int | None, weights: int) -> int:
-    """The runner's pool (engine/kv_pool_sizing.py); on a GPU what gpu_memory_utilization leaves
+    """The runner's pool (engine/memory/kv_pool_sizing.py); on a GPU what gpu_memory_utilization leaves
     beside the weights, or without device_memory_bytes the most the scheduler could use."""
     def device_budget() -> int | None:
         if device_memory_bytes is None:
