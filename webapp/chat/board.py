@@ -1,8 +1,8 @@
 """The answer board: which chat answers are running, their text so far, following them and
 stopping them. Chat's sockets and pages talk to it and to nothing else about running answers.
 
-``get_answer_board()`` chooses the board once for the REDIS_URL setting, as ``get_limit_store``
-chooses the limit store: a ``LocalAnswerBoard`` in embedded mode (one web process: every answer
+``get_answer_board()`` (chat.boards) chooses the board once for the REDIS_URL setting, as
+``get_limit_store`` chooses the limit store: a ``LocalAnswerBoard`` in embedded mode (one web process: every answer
 runs here), a ``RedisAnswerBoard`` (chat.relay) in distributed mode, which adds the answers the
 other web processes run. Either way the answers this process runs are held here, one per
 conversation (chat.generations writes each).
@@ -15,9 +15,7 @@ leaves more than that many of the user's answers without a listener, the oldest 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -177,19 +175,3 @@ class LocalAnswerBoard(AnswerBoard):
 
     async def _stop_elsewhere(self, socket: Socket, conversation_id) -> None:
         return None
-
-
-_board_lock = threading.Lock()  # one board per process: a socket and a page must see the same one
-
-
-@functools.lru_cache(maxsize=1)
-def _board_for(url: str | None) -> AnswerBoard:
-    from webapp.chat.relay import RedisAnswerBoard  # it builds on LocalAnswerBoard, above
-
-    return RedisAnswerBoard(url) if url else LocalAnswerBoard()
-
-
-def get_answer_board() -> AnswerBoard:
-    """The process-wide board for the current REDIS_URL setting (re-made if the setting changes)."""
-    with _board_lock:
-        return _board_for(getattr(settings, "REDIS_URL", None))

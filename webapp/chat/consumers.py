@@ -40,7 +40,8 @@ import uuid
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from webapp.chat.board import Socket, get_answer_board
+from webapp.chat.board import Socket
+from webapp.chat.boards import get_answer_board
 from webapp.chat.documents import MAX_DOCUMENT_FRAME_BYTES
 from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict, preset_list
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,

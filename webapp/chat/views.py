@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.chat.documents import MAX_NAME_CHARS, MAX_PDF_BYTES, DocumentError, pdf_text
-from webapp.chat.board import get_answer_board
+from webapp.chat.boards import get_answer_board
 from webapp.chat.selectors import (chat_defaults_by_model, conversation_get, conversation_list, message_path_dicts,
                                    preset_list)
 from webapp.chat.services import conversation_delete, conversation_rename

@@ -108,10 +108,11 @@ static inline __attribute__((always_inline)) void amx_tile(
 }
 
 /* Rows 0..M of the scratch times weight groups g0..g1 (this thread's share): whole tiles of
-   AMX_ROWS rows here, the rest of an M_BLOCK (fewer than AMX_ROWS rows) through the VNNI tiles. */
+   AMX_ROWS rows here, the rest of an M_BLOCK (fewer than AMX_ROWS rows) through rest_rows (the VNNI
+   tiles, from products.c). */
 void pg_amx_products(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
                      const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t M,
-                     int64_t g0, int64_t g1, void *y, int64_t ldy, int y_bf16) {
+                     int64_t g0, int64_t g1, void *y, int64_t ldy, int y_bf16, pg_rows_fn *rest_rows) {
     vf acc[AMX_ROWS];
     amx_configure();
     for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
@@ -128,7 +129,7 @@ void pg_amx_products(int bits, const uint8_t *w, const uint16_t *d, const uint16
             /* a partial tile would leave lanes of the tile product idle: the rest of the rows
                (fewer than 16) take the VNNI tiles, the same bits */
             if (full < m1)
-                pg_group_rows(bits, w, d, mn, nb, bias, scratch, rb, K, full, m1, gi, y, ldy, y_bf16);
+                rest_rows(bits, w, d, mn, nb, bias, scratch, rb, K, full, m1, gi, y, ldy, y_bf16);
         }
     }
     _tile_release();

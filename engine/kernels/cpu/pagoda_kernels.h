@@ -256,13 +256,16 @@ typedef struct {
 void pg_matmul_team(int bits, const void *x, int64_t M, int64_t K, int64_t ldx, int x_bf16,
                     const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t N,
                     const float *bias, void *y, int64_t ldy, int y_bf16, uint8_t *scratch);
-void pg_group_rows(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
-                   const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t m0,
-                   int64_t m1, int64_t gi, void *y, int64_t ldy, int y_bf16);
+/* Rows m0..m1 of the scratch times weight group gi on the VNNI tiles (products.c). */
+typedef void pg_rows_fn(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
+                        const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t m0,
+                        int64_t m1, int64_t gi, void *y, int64_t ldy, int y_bf16);
 #if defined(HAS_AMX)
+/* The AMX tiles take whole tiles of rows and hand the rest of each block of rows to rest_rows,
+   which the caller passes in (products.c's VNNI rows): amx_tiles.c calls nothing of products.c. */
 void pg_amx_products(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
                      const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t M,
-                     int64_t g0, int64_t g1, void *y, int64_t ldy, int y_bf16);
+                     int64_t g0, int64_t g1, void *y, int64_t ldy, int y_bf16, pg_rows_fn *rest_rows);
 #endif
 void pg_attend_item(int64_t item, const pg_items *it, const float *qkv, int64_t qkv_n,
                     const pg_layer *L, const pg_shape *s, const int32_t *tables, const int32_t *ctx,

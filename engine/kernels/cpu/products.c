@@ -265,6 +265,15 @@ static inline __attribute__((always_inline)) void vnni_products(
     }
 }
 
+#if defined(HAS_AMX)
+/* group_rows for amx_tiles.c (passed to pg_amx_products): a call's rows beyond its whole AMX tiles. */
+static void amx_rest_rows(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
+                          const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t m0,
+                          int64_t m1, int64_t gi, void *y, int64_t ldy, int y_bf16) {
+    group_rows(bits, w, d, mn, nb, bias, scratch, rb, K, m0, m1, gi, y, ldy, y_bf16);
+}
+#endif
+
 /* The product run by every thread of an enclosing parallel region (one call each): the rows are
    quantized (with the barrier ending that loop), then each thread takes its share of the weight
    groups. No barrier at the end: a caller that reads y inside the region puts one. */
@@ -280,17 +289,11 @@ void pg_matmul_team(int bits, const void *x, int64_t M, int64_t K, int64_t ldx, 
     if (pg_amx_on && M >= AMX_ROWS) {
         const int T = omp_get_num_threads(), t = omp_get_thread_num();
         pg_amx_products(bits, w, d, mn, nb, bias, scratch, rb, K, M, groups * t / T,
-                        groups * (t + 1) / T, y, ldy, y_bf16);
+                        groups * (t + 1) / T, y, ldy, y_bf16, amx_rest_rows);
         return;
     }
 #endif
     vnni_products(bits, w, d, mn, nb, bias, scratch, rb, K, M, groups, y, ldy, y_bf16);
 }
 
-/* group_rows for amx_tiles.c: a call's rows beyond its whole AMX tiles. */
-void pg_group_rows(int bits, const uint8_t *w, const uint16_t *d, const uint16_t *mn, int64_t nb,
-                   const float *bias, const uint8_t *scratch, int64_t rb, int64_t K, int64_t m0,
-                   int64_t m1, int64_t gi, void *y, int64_t ldy, int y_bf16) {
-    group_rows(bits, w, d, mn, nb, bias, scratch, rb, K, m0, m1, gi, y, ldy, y_bf16);
-}
 #endif
