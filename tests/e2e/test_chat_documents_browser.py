@@ -75,7 +75,10 @@ def test_a_20_kb_text_file_is_quoted_and_the_second_turn_finds_it_cached(page, c
     expect(page.locator(".message.assistant .meta").last).to_contain_text("tokens", timeout=PREFILL_TIMEOUT_MS)
     first_answer = answered(page)
     print(f"first answer, ~6,000 prompt tokens: {time.monotonic() - started:.1f} s")
-    assert NEEDLE in first_answer  # greedy: the model copies line 124 of the file
+    # Greedy, the model copies line 124 of the file: all of it, or up to "Biscuit." where the summation
+    # order of the server's thread count tips a near tie (seen with one OpenMP thread per process).
+    # The cat's name is only in the file.
+    assert NEEDLE.split(" and ")[0] in first_answer
     expect(page.locator(".message.user .documents li")).to_have_text("keeper-log.txt")
     expect(page.locator("#attachments li")).to_have_count(0)
     page.screenshot(path=str(artifacts_dir / "chat-documents-first.png"))

@@ -194,7 +194,6 @@ def test_workers_page_has_the_charts_and_their_empty_state(staff_client):
     assert "No metric samples in this window yet" in page
 
 
-@pytest.mark.django_db(transaction=True)
 def _num_samples_meanwhile() -> int:
     """The distinct sample times so far, read while the beat's thread writes: the test database is
     SQLite's shared-cache memory database, whose table locks fail a reader at once ("database
@@ -209,6 +208,7 @@ def _num_samples_meanwhile() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_the_embedded_beat_stores_a_sample_every_interval(worker):
     interval = 0.25
     start_embedded_beat({"snapshots": {"task": "monitoring.snapshot_workers", "schedule": interval}})
