@@ -1,6 +1,8 @@
 """The shutdown drain returns only once every HTTP exchange has handed its last message to the
 server (webapp/config/shutdown.py's ``count_http_exchanges``): Daphne's own trigger, which runs
-next, cancels the application instances, and a response still inside Django would be dropped."""
+next, cancels the application instances, and a response still inside Django would be dropped;
+and only once the reactor has written those responses' bytes (``_writes_flushed``), since the
+reactor's shutdown drops every connection with what it had not sent."""
 
 import asyncio
 import sys
@@ -82,3 +84,45 @@ async def test_a_response_that_never_finishes_holds_the_drain_for_flush_limit_s_
     with pytest.raises(asyncio.CancelledError):
         await stuck
     assert shutdown._http_exchanges == 0
+
+
+@pytest.mark.asyncio
+async def test_the_drain_waits_until_the_reactor_has_written_the_last_bytes(not_embedded, monkeypatch):
+    """A real Twisted reactor (Daphne's kind, on this event loop) with a response bigger than the
+    socket buffers still in its write buffer: the drain ends only once a slow client has read it
+    all, since the reactor's shutdown drops the connections and what they had not sent."""
+    import socket
+
+    from twisted.internet.asyncioreactor import AsyncioSelectorReactor
+    from twisted.internet.protocol import Factory, Protocol
+
+    payload = b"x" * (8 << 20)
+
+    class Answer(Protocol):
+        def connectionMade(self):
+            self.transport.write(payload)
+
+    reactor = AsyncioSelectorReactor(asyncio.get_running_loop())
+    monkeypatch.setitem(sys.modules, "twisted.internet.reactor", reactor)
+    port = reactor.listenTCP(0, Factory.forProtocol(Answer), interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        await shutdown._wait_until(lambda: not shutdown._writes_flushed(), 2.0)
+        assert not shutdown._writes_flushed(), "8 MiB unread should leave bytes in the reactor's buffer"
+        draining = asyncio.ensure_future(shutdown.drain(0.0))
+        await asyncio.sleep(0.3)
+        assert not draining.done(), "the drain ended with bytes the reactor had not written"
+
+        def read_all() -> int:
+            received = 0
+            while received < len(payload):
+                received += len(client.recv(1 << 20))
+            return received
+
+        received = await asyncio.get_running_loop().run_in_executor(None, read_all)
+        await asyncio.wait_for(draining, 2.0)
+        assert received == len(payload) and shutdown._writes_flushed()
+    finally:
+        client.close()
+        port.stopListening()
+        reactor.disconnectAll()

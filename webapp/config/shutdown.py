@@ -16,7 +16,9 @@ Our trigger, registered when the ASGI application is imported (before Daphne reg
    not record itself within CANCEL_GRACE_S is ended from here by its ``cut``, so that every
    accepted request has its usage record before the process exits;
 4. the drain returns (and Daphne's trigger may cancel the application instances) only once every
-   HTTP exchange has handed its response's last message to Daphne (``count_http_exchanges``).
+   HTTP exchange has handed its response's last message to Daphne (``count_http_exchanges``)
+   and the reactor has written them to their sockets (``_writes_flushed``): the reactor's
+   shutdown then drops every connection at once, and with it what was still buffered.
 """
 
 from __future__ import annotations
@@ -123,6 +125,15 @@ async def drain_running(timeout_s: float) -> int:
     return len(cut)
 
 
+def _writes_flushed() -> bool:
+    """Whether the reactor has no connection with bytes still to write. Twisted buffers a
+    transport's writes and sends them when the socket is writable; its shutdown then calls every
+    connection's connectionLost at once (``disconnectAll``), dropping that buffer: a response
+    handed to Daphne a moment before arrived as a connection error (seen in a CI run)."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    return reactor is None or not reactor.getWriters()
+
+
 def drain_on_server_shutdown() -> bool:
     """Register the drain with the running server's reactor; False when not served by Daphne."""
     global _registered
@@ -155,6 +166,7 @@ async def drain(timeout_s: float) -> None:
         if workers is not None:
             await workers
         await _wait_until(lambda: _http_exchanges == 0, FLUSH_LIMIT_S)  # the last responses' sends
+        await _wait_until(_writes_flushed, FLUSH_LIMIT_S)  # ... and their bytes on the sockets
     except Exception:  # the server is stopping either way
         logger.exception("draining at shutdown failed")
         return
