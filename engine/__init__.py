@@ -19,7 +19,7 @@ _EXPORTS = {
     "TokenLogprob": "engine.outputs", "FinishReason": "engine.outputs",
     "EngineError": "engine.errors", "InvalidParameterError": "engine.errors",
     "ContextLengthExceededError": "engine.errors", "ModelLoadError": "engine.errors",
-    "RequestNotFoundError": "engine.errors",
+    "RequestNotFoundError": "engine.errors", "Tenant": "engine.tenancy",
 }
 __all__ = list(_EXPORTS)
 

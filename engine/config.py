@@ -202,6 +202,15 @@ class EngineConfig:
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of a shared prompt prefix", bool)
     scheduling_policy: str = _setting("fcfs", "fcfs, or priority (lower priority value first)", str,
                                       choices=SCHEDULING_POLICIES)
+    fair_share: bool = _setting(
+        True, "weighted fair share across tenants (the server's users): waiting requests are admitted, "
+        "and running ones preempted, by the tokens each tenant was served per unit of its weight; "
+        "false: first come, first served across everyone (and no KV quota). With one tenant (the "
+        "engine used alone) the two are the same", bool)
+    max_tenant_kv_share: float = _setting(
+        0.75, "most of the KV pool one tenant's requests may hold while another tenant's wait (its "
+        "first request excepted); 1: no quota. Never binds with one tenant", float,
+        minimum=0.0, maximum=1.0, exclusive_minimum=True)
     seed: int = _setting(0, "seed of the random weights of a test model")
     enforce_eager: bool = _setting(False, "no CUDA graphs", bool)
     use_triton: bool | None = _setting(None, "Triton kernels; default: on CUDA yes, on CPU no", bool)

@@ -34,6 +34,7 @@ from engine.scheduling.scheduler import Scheduler
 from engine.structured.grammar import GrammarCompiler
 from engine.scheduling.sequence import Sequence
 from engine.stats import EngineStats, engine_stats
+from engine.tenancy import Tenant
 from engine.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ class LLMEngine:
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy, fair_share=config.fair_share,
+                                   max_tenant_kv_share=config.max_tenant_kv_share)
         self.scheduler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                                   self.eos_token_ids)  # structured outputs
         self._requests: dict[str, _Request] = {}
@@ -93,14 +95,17 @@ class LLMEngine:
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, *, priority: int = 0,
-                    arrival_time: float | None = None, n: int = 1) -> int:
+                    arrival_time: float | None = None, n: int = 1, tenant: Tenant | None = None) -> int:
         """Queue a request; returns its prompt length. Raises if it can never be served.
+
+        ``tenant``: whom it belongs to, for the fair share across tenants (engine/tenancy.py);
+        None: the engine's one tenant, ``Tenant()``.
 
         ``n`` > 1 asks for n samples of the same prompt (engine/sampling/parallel_sampling.py): their
         outputs carry ``index``; each sample's end sets its ``finish_reason``, and ``finished``
         marks the request's last output. Atomic: when it raises, nothing of the request remains.
         """
-        params = check_request(request_id, params, priority)
+        params = check_request(request_id, params, priority, tenant)
         n = check_n(n)
         ids = [sample_id(request_id, i) for i in range(n)]
         if any(i in self._requests or i in self._groups for i in ids):
@@ -113,7 +118,8 @@ class LLMEngine:
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         try:
             for i, sid in enumerate(ids):
-                seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time)
+                seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time,
+                               tenant=tenant)
                 detok = IncrementalDetokenizer(
                     self.tokenizer, skip_special_tokens=params.skip_special_tokens,
                     stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)

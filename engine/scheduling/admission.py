@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from engine.errors import ContextLengthExceededError, InvalidParameterError
 from engine.sampling_params import SamplingParams
+from engine.tenancy import Tenant
 
 
-def check_request(request_id: object, params: SamplingParams | None, priority: object) -> SamplingParams:
+def check_request(request_id: object, params: SamplingParams | None, priority: object,
+                  tenant: object = None) -> SamplingParams:
     """The request's own fields; returns its parameters (the defaults when None)."""
     if not isinstance(request_id, str):
         raise InvalidParameterError("request_id", "must be a string")
@@ -21,6 +23,8 @@ def check_request(request_id: object, params: SamplingParams | None, priority: o
     params.validate()  # again: a field may have been set after construction
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
+    if tenant is not None and not isinstance(tenant, Tenant):
+        raise InvalidParameterError("tenant", f"must be an engine.tenancy.Tenant, got {tenant!r}")
     return params
 
 

@@ -6,6 +6,10 @@ a long prompt never stalls the sequences already streaming. When the pool runs
 out of blocks, the running sequence that sorts last under the policy (the newest
 under FCFS, the lowest priority under "priority") is preempted: its blocks are
 freed and it is recomputed later, its prefix usually coming back from the cache.
+
+Across tenants (Sequence.tenant) the queue is a weighted fair one (fair_share.py): the next
+sequence admitted is the tenant's least served per weight, the one preempted the most over its
+share; with one tenant that is the policy's order above, unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.fair_share import FairShare
 from engine.scheduling.sequence import Sequence, SequenceStatus
 
 IDLE_COMPILE_WAIT_S = 0.005  # a step with nothing to run but a grammar compiling waits this long for it
@@ -45,9 +50,19 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass
+class _Step:
+    """One schedule() call in progress: its output, its entries by id(seq), the budget left."""
+
+    out: SchedulerOutput
+    budget: int
+    entries: dict[int, ScheduledSequence] = field(default_factory=dict)  # in scheduling order
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, policy: str = "fcfs"):
+                 max_num_batched_tokens: int, policy: str = "fcfs", fair_share: bool = True,
+                 max_tenant_kv_share: float = 1.0):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -57,6 +72,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.fair = FairShare(num_blocks=block_manager.num_blocks, max_tenant_kv_share=max_tenant_kv_share,
+                              is_enabled=fair_share)
         # engine/structured/grammar.py's GrammarCompiler, set by the engine: a constrained
         # sequence's grammar is compiled off this thread from add(), and it waits until ready
         self.grammars = None
@@ -66,6 +83,7 @@ class Scheduler:
         if seq.params.grammar is not None and seq.grammar is None:
             seq.grammar = self.grammars.submit(seq.params.grammar)
         seq.status = SequenceStatus.WAITING
+        self.fair.enqueue(seq)
         self._insort(self.waiting, seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -74,6 +92,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.fair.stop(seq, is_finished=True)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 
@@ -90,41 +110,45 @@ class Scheduler:
 
     # ----------------------------------------------------------------- step
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        scheduled: dict[int, ScheduledSequence] = {}  # id(seq) -> entry, in scheduling order
+        step = _Step(SchedulerOutput(), self.max_num_batched_tokens)
+        self._schedule_running(step)
+        self._admit_waiting(step)
+        step.out.scheduled = list(step.entries.values())
+        return step.out
 
-        # Running sequences: decodes first, then prompts still being prefilled in chunks.
+    def _schedule_running(self, step: _Step) -> None:
+        """Running sequences: decodes first, then prompts still being prefilled in chunks."""
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
-            if budget <= 0:
+            if step.budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.allocate(seq, num_new):
-                victim = self.running[-1]
-                entry = scheduled.pop(id(victim), None)
-                if entry is not None:
-                    budget += entry.num_new_tokens
-                self._preempt(victim)
-                out.preempted.append(victim)
+            num_new = min(seq.num_uncomputed_tokens, step.budget)
+            num_blocks = self._num_new_blocks(seq, num_new)
+            while (victim := self.fair.quota_victim(seq, num_blocks, self.running)) is not None:
+                self._evict(step, victim)  # over its KV quota while another tenant waits
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not self._allocate(seq, num_new):
+                victim = self.fair.pool_victim(self.running, self.policy)
+                self._evict(step, victim)
                 if victim is seq:
                     break
             else:
-                scheduled[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens)
-                budget -= num_new
+                self._enter(step, seq, num_new)
 
-        # Waiting sequences, in policy order, while nothing had to be preempted.
+    def _admit_waiting(self, step: _Step) -> None:
+        """Waiting sequences in fair order, none of a tenant the pool just had to preempt."""
         bs = self.block_manager.block_size
         in_flight: set[int] = set()  # hashes of prompt blocks this step computes
         compiling: Sequence | None = None
-        i = 0
-        while (i < len(self.waiting) and budget > 0 and not out.preempted
-               and len(self.running) < self.max_num_seqs):
-            seq = self.waiting[i]
+        queue = self.fair.admission_queue(self.waiting, self.policy,
+                                          {self.fair.tenant_id(s) for s in step.out.preempted})
+        while step.budget > 0 and (seq := queue.pop()) is not None:
             if seq.grammar is not None and not seq.grammar.ready:  # still compiling, off this thread
                 compiling = seq
-                i += 1
                 continue
             computed: list[int] = []
             hashes: list[int] = []
@@ -134,28 +158,34 @@ class Scheduler:
                 if len(computed) < len(hashes) and hashes[len(computed)] in in_flight:
                     # Its next block is being computed right now for another request (a shared
                     # system prompt): wait one step and take it from the cache instead.
-                    i += 1
                     continue
             num_hit_tokens = len(computed) * bs
-            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_hit_tokens, budget)
-            if not self.block_manager.allocate(seq, num_new, computed):
-                break
-            self.waiting.pop(i)
-            seq.num_computed_tokens += num_hit_tokens
-            if seq.is_first_schedule:
-                seq.is_first_schedule = False
-                seq.num_cached_tokens = num_hit_tokens
-                self.block_manager.record_prefix_query(seq.num_tokens, num_hit_tokens)
-            in_flight.update(hashes[len(computed):(seq.num_computed_tokens + num_new) // bs])
-            seq.status = SequenceStatus.RUNNING
-            self._insort(self.running, seq)
-            scheduled[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens)
-            budget -= num_new
-
-        out.scheduled = list(scheduled.values())
-        if not out.scheduled and compiling is not None:  # idle but for a compile: no busy loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_hit_tokens, step.budget)
+            tid = self.fair.tenant_id(seq)
+            num_blocks = self._num_new_blocks(seq, num_hit_tokens + num_new)
+            if self.fair.exceeds_quota(seq, num_blocks):
+                queue.drop(tid)
+                continue
+            if len(self.running) >= self.max_num_seqs:
+                victim = self.fair.seat_victim(seq, self.running, self.policy)
+                if victim is None:
+                    queue.drop(tid)
+                    continue
+                self._evict(step, victim)
+                queue.drop(self.fair.tenant_id(victim))
+            while not self._allocate(seq, num_new, computed):
+                victim = self.fair.block_victim(seq, num_blocks, self.running, self.policy)
+                if victim is None:
+                    break
+                self._evict(step, victim)
+                queue.drop(self.fair.tenant_id(victim))
+            else:
+                self._start(step, seq, num_hit_tokens, num_new)
+                in_flight.update(hashes[len(computed):(seq.num_computed_tokens + num_new) // bs])
+                continue
+            break  # the pool cannot take it: nothing behind it either, as under FCFS
+        if not step.entries and compiling is not None:  # idle but for a compile: no busy loop
             compiling.grammar.wait(IDLE_COMPILE_WAIT_S)
-        return out
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance computed-token counts and publish newly full blocks to the prefix cache."""
@@ -165,8 +195,49 @@ class Scheduler:
             self.block_manager.cache_full_blocks(seq)
 
     # ----------------------------------------------------------------- helpers
+    def _num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks ``seq`` would take to hold ``num_new_tokens`` more tokens (prefix hits included)."""
+        return (self.block_manager.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
+                - len(seq.block_table))
+
+    def _allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        num_held = len(seq.block_table)
+        if not self.block_manager.allocate(seq, num_new_tokens, computed_blocks):
+            return False
+        self.fair.hold(seq, len(seq.block_table) - num_held)
+        return True
+
+    def _enter(self, step: _Step, seq: Sequence, num_new: int) -> None:
+        """Feed ``seq`` ``num_new`` tokens this step, charged to its tenant."""
+        step.entries[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens)
+        step.budget -= num_new
+        self.fair.charge(seq, num_new)
+
+    def _start(self, step: _Step, seq: Sequence, num_hit_tokens: int, num_new: int) -> None:
+        """Admit a waiting ``seq`` whose blocks were allocated: its prefix hits count as computed."""
+        self.waiting.remove(seq)
+        seq.num_computed_tokens += num_hit_tokens
+        if seq.is_first_schedule:
+            seq.is_first_schedule = False
+            seq.num_cached_tokens = num_hit_tokens
+            self.block_manager.record_prefix_query(seq.num_tokens, num_hit_tokens)
+        self.fair.start(seq)
+        seq.status = SequenceStatus.RUNNING
+        self._insort(self.running, seq)
+        self._enter(step, seq, num_new)
+
+    def _evict(self, step: _Step, victim: Sequence) -> None:
+        """Preempt ``victim``, taking back its entry (and its budget and charge) if it had one."""
+        entry = step.entries.pop(id(victim), None)
+        if entry is not None:
+            step.budget += entry.num_new_tokens
+            self.fair.charge(victim, -entry.num_new_tokens)
+        self._preempt(victim)
+        step.out.preempted.append(victim)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.fair.stop(seq, is_finished=False)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         if seq.grammar is not None and seq.grammar.ready:  # its state, rebuilt from its tokens

@@ -7,6 +7,7 @@ import itertools
 import time
 
 from engine.sampling_params import SamplingParams
+from engine.tenancy import Tenant
 
 _arrival_counter = itertools.count()
 
@@ -26,8 +27,9 @@ class Sequence:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 *, priority: int = 0, arrival_time: float | None = None):
+                 *, priority: int = 0, arrival_time: float | None = None, tenant: Tenant | None = None):
         self.request_id = request_id
+        self.tenant = Tenant() if tenant is None else tenant
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
