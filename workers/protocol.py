@@ -12,6 +12,7 @@ model's workers), so a dead worker is noticed within TTL + WATCH_INTERVAL (about
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -74,6 +75,10 @@ class GenerateRequest:
     reply_to: str = ""  # filled in by the transport when empty
     created_at: float = field(default_factory=time.time)  # wall clock; queueing counts in TTFT
     n: int = 1  # samples of the prompt (the engine checks the range)
+    # Whom it belongs to, for the engine's fair share (engine/tenancy.py): "user:<id>" from the web
+    # side, "" for the engine's one tenant; the weight staff gave the key or the chat user.
+    tenant: str = ""
+    tenant_weight: float = 1.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,6 +92,12 @@ class GenerateRequest:
             raise ProtocolError("GenerateRequest: reply_to must be a string")
         if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
             raise ProtocolError("GenerateRequest: n must be a positive integer")
+        if not isinstance(req.tenant, str):
+            raise ProtocolError("GenerateRequest: tenant must be a string")
+        weight = req.tenant_weight
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or weight <= 0):
+            raise ProtocolError("GenerateRequest: tenant_weight must be a finite number > 0")
         return req
 
 
