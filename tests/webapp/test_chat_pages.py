@@ -134,6 +134,17 @@ def test_send_prompts_with_the_whole_history_through_the_chat_template(alice, sm
     assert (conversation.model_name, conversation.system_prompt) == ("smol", "Be brief.")
 
 
+def test_a_turn_belongs_to_the_user_at_the_weight_of_their_chat_limits(alice, bob, smol):
+    from webapp.keys.services import chatlimits_get_or_create, chatlimits_update
+
+    chatlimits_update(limits=chatlimits_get_or_create(user=bob), fair_share_weight=2.5)
+    alices, bobs = prepare(alice, type="send", content="Hi").engine_request(), prepare(
+        bob, type="send", content="Hi").engine_request()
+
+    assert (alices.tenant, alices.tenant_weight) == (f"user:{alice.pk}", 1.0)
+    assert (bobs.tenant, bobs.tenant_weight) == (f"user:{bob.pk}", 2.5)
+
+
 def test_a_first_message_creates_a_conversation_titled_after_it(alice, smol):
     turn = prepare(alice, type="send", content="What is   a pagoda?\nExplain.")
 

@@ -159,6 +159,39 @@ def test_the_right_to_set_priority_is_off_by_default_and_toggled_with_the_limits
     assert not api_key.can_set_priority
 
 
+def test_the_fair_share_weight_is_1_by_default_and_staff_can_change_it_within_its_range(staff_client, owner):
+    _create(staff_client, owner, fair_share_weight="")
+    api_key = ApiKey.objects.get()
+    assert api_key.fair_share_weight == 1.0
+    url = reverse("console:key-limits", args=[api_key.pk])
+
+    staff_client.post(url, {"fair_share_weight": "4"})
+    api_key.refresh_from_db()
+    assert api_key.fair_share_weight == 4.0
+    for refused in ("0", "-1", "1000", "nan", "many"):
+        response = staff_client.post(url, {"fair_share_weight": refused}, follow=True)
+        assert "not changed" in response.content.decode(), refused
+        api_key.refresh_from_db()
+        assert api_key.fair_share_weight == 4.0
+    assert 'name="fair_share_weight" value="4"' in staff_client.get(reverse("console:keys")).content.decode()
+
+
+def test_the_services_refuse_a_weight_out_of_range(owner):
+    from django.core.exceptions import ValidationError
+
+    from webapp.keys.services import apikey_set_limits, chatlimits_get_or_create, chatlimits_update
+
+    with pytest.raises(ValidationError):
+        apikey_create(owner=owner, name="k", fair_share_weight=0.01)
+    api_key, _ = apikey_create(owner=owner, name="k", fair_share_weight=0.5)
+    with pytest.raises(ValidationError):
+        apikey_set_limits(api_key=api_key, fair_share_weight=101)
+    with pytest.raises(ValidationError):
+        chatlimits_update(limits=chatlimits_get_or_create(user=owner), fair_share_weight=True)
+    api_key.refresh_from_db()
+    assert api_key.fair_share_weight == 0.5
+
+
 def test_chat_limits_page_shows_the_defaults_and_saves_limits_and_models(staff_client, owner):
     from webapp.keys.models import CHAT_DEFAULT_MAX_SOCKETS, ChatLimits
 
@@ -169,11 +202,13 @@ def test_chat_limits_page_shows_the_defaults_and_saves_limits_and_models(staff_c
 
     staff_client.post(reverse("console:chat-limits-save", args=[owner.pk]), {
         "max_requests_per_minute": "5", "max_tokens_per_minute": "", "max_concurrent_requests": "1",
-        "token_budget": "1000", "max_sockets": "2", "max_message_chars": "500", "models": [tiny.pk]})
+        "token_budget": "1000", "max_sockets": "2", "max_message_chars": "500", "models": [tiny.pk],
+        "fair_share_weight": "0.5"})
     limits = ChatLimits.objects.get(user=owner)
 
     assert (limits.max_requests_per_minute, limits.max_tokens_per_minute, limits.max_concurrent_requests,
             limits.token_budget, limits.max_sockets, limits.max_message_chars) == (5, None, 1, 1000, 2, 500)
+    assert limits.fair_share_weight == 0.5
     assert list(limits.models.all()) == [tiny]
 
 

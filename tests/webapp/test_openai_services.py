@@ -54,6 +54,17 @@ def test_chat_request_maps_onto_engine_sampling_params(api_key, smollm2_hf_token
     assert gen.engine_request().model == "smol" and gen.engine_request().request_id == "r1"
 
 
+def test_a_request_belongs_to_the_key_owner_at_the_key_weight(api_key):
+    other_key = apikey_create(owner=api_key.owner, name="second", fair_share_weight=3)[0]
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}]}
+
+    first, second = prepare(api_key, CHAT, body).engine_request(), prepare(other_key, CHAT, body).engine_request()
+
+    # one tenant per user, whichever of the user's keys asks; the weight is the key's
+    assert first.tenant == second.tenant == f"user:{api_key.owner.pk}"
+    assert (first.tenant_weight, second.tenant_weight) == (1.0, 3.0)
+
+
 def test_chat_without_a_length_limit_leaves_it_to_the_context(api_key):
     gen = prepare(api_key, CHAT, {"model": "smol", "messages": [{"role": "user", "content": "hi"}]})
 

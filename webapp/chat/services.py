@@ -22,7 +22,7 @@ from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
-from webapp.keys.models import ChatLimits
+from webapp.keys.models import FAIR_SHARE_WEIGHT_DEFAULT, ChatLimits
 from webapp.keys.selectors import chatlimits_allows_model
 from webapp.keys.services import chatlimits_get_or_create
 from webapp.registry.models import Model, ModelVersion
@@ -68,8 +68,10 @@ class Turn:
     is_finished: bool = False
 
     def engine_request(self) -> GenerateRequest:
+        weight = self.limits.fair_share_weight if self.limits else FAIR_SHARE_WEIGHT_DEFAULT
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
-                               prompt_token_ids=self.prompt_token_ids, params=self.params)
+                               prompt_token_ids=self.prompt_token_ids, params=self.params,
+                               tenant=f"user:{self.user.id}", tenant_weight=weight)
 
 
 def conversation_create(*, user, title: str = "") -> Conversation:

@@ -1,5 +1,6 @@
-"""The console's keys page (staff only): list, create (the secret is shown once), revoke, edit limits
-and the right to set priority; and the chat limits page: each user's chat limits and models."""
+"""The console's keys page (staff only): list, create (the secret is shown once), revoke, edit limits,
+the right to set priority and the fair-share weight; and the chat limits page: each user's chat
+limits, weight and models."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from webapp.console.access import staff_required
-from webapp.keys.models import ApiKey, ChatLimits
+from webapp.keys.models import (FAIR_SHARE_WEIGHT_DEFAULT, FAIR_SHARE_WEIGHT_MAX, FAIR_SHARE_WEIGHT_MIN, ApiKey,
+                                 ChatLimits)
 from webapp.keys.services import (LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits,
                                   chatlimits_get_or_create, chatlimits_update)
 from webapp.registry.models import Model, ModelVersion
 
 LIMIT_LABELS = {"max_requests_per_minute": "Requests / minute", "max_tokens_per_minute": "Tokens / minute",
                 "max_concurrent_requests": "Concurrent requests", "token_budget": "Token budget"}
+WEIGHT_RANGE = {"weight_min": FAIR_SHARE_WEIGHT_MIN, "weight_max": FAIR_SHARE_WEIGHT_MAX}  # the pages' inputs
 # The keys table's compact limit cells use these (the full label is the input's tooltip).
 LIMIT_SHORT_LABELS = {"max_requests_per_minute": "Req/min", "max_tokens_per_minute": "Tok/min",
                       "max_concurrent_requests": "Concurrent", "token_budget": "Budget"}
@@ -39,6 +42,14 @@ class LimitsForm(forms.Form):
     token_budget = _limit_field("token_budget")
     can_set_priority = forms.BooleanField(label="May set priority", required=False,
                                           help_text="off: a request's priority other than 0 is refused (400)")
+    fair_share_weight = forms.FloatField(
+        label="Fair-share weight", required=False, min_value=FAIR_SHARE_WEIGHT_MIN, max_value=FAIR_SHARE_WEIGHT_MAX,
+        help_text="the owner's share of the engine against other users' requests while both wait "
+                  "(2: twice a user at 1); empty: 1")
+
+    def clean_fair_share_weight(self) -> float:
+        weight = self.cleaned_data["fair_share_weight"]
+        return FAIR_SHARE_WEIGHT_DEFAULT if weight is None else weight
 
 
 class KeyCreateForm(LimitsForm):
@@ -50,11 +61,12 @@ class KeyCreateForm(LimitsForm):
     expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=36500,
                                          help_text="empty: never expires")
 
-    field_order = ["name", "owner", "models", "expires_in_days", *LIMIT_FIELDS, "can_set_priority"]
+    field_order = ["name", "owner", "models", "expires_in_days", *LIMIT_FIELDS, "can_set_priority",
+                   "fair_share_weight"]
 
 
 def _limits(form: forms.Form) -> dict:
-    return {name: form.cleaned_data[name] for name in (*LIMIT_FIELDS, "can_set_priority")}
+    return {name: form.cleaned_data[name] for name in (*LIMIT_FIELDS, "can_set_priority", "fair_share_weight")}
 
 
 def _key_rows() -> list[ApiKey]:
@@ -66,7 +78,7 @@ def _key_rows() -> list[ApiKey]:
 
 def _page(request, form: KeyCreateForm, status: int = 200):
     return render(request, "console/keys.html", {
-        "keys": _key_rows(), "form": form, "now": timezone.now(), "page": "keys"}, status=status)
+        "keys": _key_rows(), "form": form, "now": timezone.now(), "page": "keys", **WEIGHT_RANGE}, status=status)
 
 
 @staff_required
@@ -148,7 +160,7 @@ def chat_limits_page(request):
         allowed = {model.pk for model in limits.models.all()}
         rows.append({"user": user, "limits": limits, "allowed": allowed,
                      "values": [(f, CHAT_LABELS[f], getattr(limits, f)) for f in CHAT_FIELDS]})
-    return render(request, "console/chat_limits.html", {"rows": rows, "models": _served_models(),
+    return render(request, "console/chat_limits.html", {"rows": rows, "models": _served_models(), **WEIGHT_RANGE,
                                                         "page": "chat-limits"})
 
 
@@ -158,5 +170,6 @@ def chat_limits_save(request, user_id: int):
     limits = chatlimits_get_or_create(user=get_object_or_404(get_user_model(), pk=user_id))
     form = ChatLimitsForm(request.POST)
     _save(request, form, f"Chat limits of {limits.user}", lambda: chatlimits_update(
-        limits=limits, models=form.cleaned_data["models"], **{name: form.cleaned_data[name] for name in CHAT_FIELDS}))
+        limits=limits, models=form.cleaned_data["models"], fair_share_weight=form.cleaned_data["fair_share_weight"],
+        **{name: form.cleaned_data[name] for name in CHAT_FIELDS}))
     return redirect("console:chat-limits")

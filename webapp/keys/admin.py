@@ -8,8 +8,8 @@ from webapp.keys.models import ApiKey
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ("name", "prefix", "owner", "is_revoked", "expires_at", "max_requests_per_minute",
-                    "max_tokens_per_minute", "max_concurrent_requests", "token_budget", "tokens_used",
-                    "last_used_at")
+                    "max_tokens_per_minute", "max_concurrent_requests", "token_budget", "fair_share_weight",
+                    "tokens_used", "last_used_at")
     list_filter = ("is_revoked",)
     search_fields = ("name", "prefix", "owner__username")
     # Keys are created with `create_api_key` (or the console) so that the secret is shown once.

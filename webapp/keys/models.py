@@ -11,9 +11,22 @@ indexed lookup instead of spending ~100 ms of CPU on PBKDF2/argon2 per API call.
 import uuid
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models as m
 
 from webapp.registry.models import Model
+
+# The engine's fair share across users (engine/tenancy.py): a user whose key (or chat limits) has
+# weight 2 gets twice the tokens of a user at 1 while both have requests waiting. Staff may set
+# it within this range; 1 for everyone is an equal share.
+FAIR_SHARE_WEIGHT_DEFAULT = 1.0
+FAIR_SHARE_WEIGHT_MIN = 0.1
+FAIR_SHARE_WEIGHT_MAX = 100.0
+
+
+def fair_share_weight_field() -> m.FloatField:
+    return m.FloatField(default=FAIR_SHARE_WEIGHT_DEFAULT, validators=[
+        MinValueValidator(FAIR_SHARE_WEIGHT_MIN), MaxValueValidator(FAIR_SHARE_WEIGHT_MAX)])
 
 
 class ApiKey(m.Model):  # `m`: the field below is called `models`
@@ -38,6 +51,9 @@ class ApiKey(m.Model):  # `m`: the field below is called `models`
     tokens_reserved = m.PositiveBigIntegerField(default=0)
     # Without it a request's `priority` other than 0 is refused (400 naming `priority`).
     can_set_priority = m.BooleanField(default=False)
+    # The owner's weight in the engine's fair share (the tenant is the owner, "user:<id>": a user's
+    # keys and chat share one share, at the weight of the latest request).
+    fair_share_weight = fair_share_weight_field()
 
     class Meta:
         ordering = ["-created_at"]
@@ -78,6 +94,7 @@ class ChatLimits(m.Model):
     tokens_reserved = m.PositiveBigIntegerField(default=0)
     max_sockets = m.PositiveIntegerField(default=CHAT_DEFAULT_MAX_SOCKETS)  # open chat WebSockets
     max_message_chars = m.PositiveIntegerField(default=CHAT_DEFAULT_MAX_MESSAGE_CHARS)  # message / system prompt
+    fair_share_weight = fair_share_weight_field()  # the user's chat turns' weight, as an API key's
 
     class Meta:
         verbose_name = "chat limits"

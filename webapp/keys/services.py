@@ -12,7 +12,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.keys.models import ApiKey, ChatLimits
+from webapp.keys.models import (FAIR_SHARE_WEIGHT_DEFAULT, FAIR_SHARE_WEIGHT_MAX, FAIR_SHARE_WEIGHT_MIN, ApiKey,
+                                 ChatLimits)
 from webapp.registry.models import Model
 
 KEY_MARKER = "pgd-"
@@ -37,6 +38,14 @@ def _validated_limits(limits: dict, allowed: tuple[str, ...] = LIMIT_FIELDS) -> 
     return limits
 
 
+def _validated_weight(weight: object) -> float:
+    if (isinstance(weight, bool) or not isinstance(weight, (int, float))
+            or not FAIR_SHARE_WEIGHT_MIN <= weight <= FAIR_SHARE_WEIGHT_MAX):
+        raise ValidationError(f"fair_share_weight must be a number from {FAIR_SHARE_WEIGHT_MIN:g} to "
+                              f"{FAIR_SHARE_WEIGHT_MAX:g}", code="invalid_weight")
+    return float(weight)
+
+
 def hash_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
@@ -44,11 +53,12 @@ def hash_key(raw_key: str) -> str:
 @transaction.atomic
 def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model] = (),
                   expires_at: datetime | None = None, can_set_priority: bool = False,
-                  **limits: int | None) -> tuple[ApiKey, str]:
+                  fair_share_weight: float = FAIR_SHARE_WEIGHT_DEFAULT, **limits: int | None) -> tuple[ApiKey, str]:
     """The new key and its secret, which is returned here and never again.
 
     ``limits``: any of LIMIT_FIELDS (None or absent: unlimited). ``can_set_priority``: the key's
-    requests may ask for a scheduling priority other than 0.
+    requests may ask for a scheduling priority other than 0. ``fair_share_weight``: its owner's
+    weight in the engine's fair share across users.
     """
     if not name.strip():
         raise ValidationError("an API key needs a name", code="invalid_name")
@@ -57,14 +67,20 @@ def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model]
     raw_key = KEY_MARKER + secrets.token_urlsafe(32)  # 256 random bits
     api_key = ApiKey.objects.create(owner=owner, name=name.strip(), prefix=raw_key[:PREFIX_LENGTH],
                                     key_hash=hash_key(raw_key), expires_at=expires_at,
-                                    can_set_priority=can_set_priority, **_validated_limits(limits))
+                                    can_set_priority=can_set_priority,
+                                    fair_share_weight=_validated_weight(fair_share_weight), **_validated_limits(limits))
     api_key.models.set(list(models))
     return api_key, raw_key
 
 
-def apikey_set_limits(*, api_key: ApiKey, can_set_priority: bool | None = None, **limits: int | None) -> ApiKey:
-    """Change some of the key's limits (None: unlimited) and, if given, its right to set priority."""
+def apikey_set_limits(*, api_key: ApiKey, can_set_priority: bool | None = None,
+                      fair_share_weight: float | None = None, **limits: int | None) -> ApiKey:
+    """Change some of the key's limits (None: unlimited) and, if given, its right to set priority
+    and its fair-share weight."""
     fields = list(_validated_limits(limits))
+    if fair_share_weight is not None:
+        api_key.fair_share_weight = _validated_weight(fair_share_weight)
+        fields.append("fair_share_weight")
     for name, value in limits.items():
         setattr(api_key, name, value)
     if can_set_priority is not None:
@@ -94,13 +110,17 @@ def chatlimits_get_or_create(*, user) -> ChatLimits:
 
 
 @transaction.atomic
-def chatlimits_update(*, limits: ChatLimits, models: Iterable[Model] | None = None, **values: int | None) -> ChatLimits:
+def chatlimits_update(*, limits: ChatLimits, models: Iterable[Model] | None = None,
+                      fair_share_weight: float | None = None, **values: int | None) -> ChatLimits:
     """Change a chat user's limits (LIMIT_FIELDS: None is unlimited; max_sockets and
-    max_message_chars: positive integers) and, if given, the models they may use (none: every model)."""
+    max_message_chars: positive integers), and if given their fair-share weight and the models
+    they may use (none: every model)."""
     bounds = {name: values.pop(name) for name in CHAT_BOUND_FIELDS if name in values}
     for name, value in bounds.items():
         if not isinstance(value, int) or value < 1:
             raise ValidationError(f"{name} must be a positive integer", code="invalid_limit")
+    if fair_share_weight is not None:
+        bounds["fair_share_weight"] = _validated_weight(fair_share_weight)
     values = _validated_limits(values)
     for name, value in {**values, **bounds}.items():
         setattr(limits, name, value)

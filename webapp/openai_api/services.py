@@ -72,7 +72,8 @@ class Generation:
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
                                prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
-                               n=self.n)
+                               n=self.n, tenant=f"user:{self.api_key.owner_id}",
+                               tenant_weight=self.api_key.fair_share_weight)
 
 
 def api_key_from_header(authorization: str | None) -> ApiKey:
