@@ -147,6 +147,13 @@ class Scheduler:
         queue = self.fair.admission_queue(self.waiting, self.policy,
                                           {self.fair.tenant_id(s) for s in step.out.preempted})
         while step.budget > 0 and (seq := queue.pop()) is not None:
+            tid = self.fair.tenant_id(seq)
+            seat = None  # the running sequence whose seat it takes when the batch is full
+            if len(self.running) >= self.max_num_seqs:
+                seat = self.fair.seat_victim(seq, self.running, self.policy)
+                if seat is None:
+                    queue.drop(tid)
+                    continue
             if seq.grammar is not None and not seq.grammar.ready:  # still compiling, off this thread
                 compiling = seq
                 continue
@@ -161,18 +168,13 @@ class Scheduler:
                     continue
             num_hit_tokens = len(computed) * bs
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_hit_tokens, step.budget)
-            tid = self.fair.tenant_id(seq)
             num_blocks = self._num_new_blocks(seq, num_hit_tokens + num_new)
             if self.fair.exceeds_quota(seq, num_blocks):
                 queue.drop(tid)
                 continue
-            if len(self.running) >= self.max_num_seqs:
-                victim = self.fair.seat_victim(seq, self.running, self.policy)
-                if victim is None:
-                    queue.drop(tid)
-                    continue
-                self._evict(step, victim)
-                queue.drop(self.fair.tenant_id(victim))
+            if seat is not None:
+                self._evict(step, seat)
+                queue.drop(self.fair.tenant_id(seat))
             while not self._allocate(seq, num_new, computed):
                 victim = self.fair.block_victim(seq, num_blocks, self.running, self.policy)
                 if victim is None:
