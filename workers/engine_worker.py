@@ -9,9 +9,13 @@ metrics. ``request_stop()`` (any thread) begins the drain: no new requests, the 
 ``draining``, requests the engine has not started yet go back to the queue for another worker,
 running requests finish within ``drain_timeout`` and what is left then gets ``worker_lost``.
 
-Room is what the engine can start now: the worker takes nothing while its engine still has
-requests waiting (KV cache full, or preempted ones), so the excess waits in the shared queue,
-where another worker can take it and the admission bound counts it.
+Room, with the engine's fair share across tenants (the default): up to ``max_num_seqs`` requests
+beyond what the engine can start now, so that a backlog waits in the engine, whose scheduler
+orders it by tenant (engine/scheduling/fair_share.py), rather than in the shared queue, which is
+first come, first served: there one tenant's flood would keep every other tenant's request behind
+it. Without fair share, room is what the engine can start now: the worker takes nothing while its
+engine still has requests waiting (KV cache full, or preempted ones), so the excess waits in the
+shared queue, where another worker can take it and the admission bound counts it.
 
 Faults: a request the engine failed alone (FinishReason.ERROR) gets an internal_error chunk; an
 engine that cannot run a minimal request is announced unhealthy, takes nothing and is probed
@@ -51,6 +55,9 @@ IDLE_POLL_S = 0.1  # how long an idle loop blocks on the queue before checking a
 STATS_INTERVAL_S = 0.2
 RECENT_ABORT_TTL_S = 120.0  # aborts for requests not read yet are remembered this long
 HEALTH_PROBE_INTERVAL_S = 5.0  # an unhealthy engine is probed (check_health) this often
+# With fair share, requests in flight per sequence the engine can run: a backlog as large as the
+# batch waits in the engine, ordered by tenant, before any waits in the shared FIFO queue.
+CLAIM_AHEAD_PER_SEQ = 2
 
 
 class EngineWorker:
@@ -202,10 +209,16 @@ class EngineWorker:
             self._refresh_stats()
 
     def _room(self) -> int:
-        """How many requests to take now: none while draining, unhealthy, or while the engine
-        still has requests it could not start (they would wait here instead of elsewhere)."""
+        """How many requests to take now: none while draining or unhealthy; with fair share up to
+        CLAIM_AHEAD_PER_SEQ x max_num_seqs in flight (see the module's docstring); without, none
+        while the engine still has requests it could not start (they would wait here instead of
+        elsewhere), else what it can start."""
         engine = self.engine
-        if not self.accepting or not engine.is_healthy or engine.stats().num_waiting > 0:
+        if not self.accepting or not engine.is_healthy:
+            return 0
+        if self.config.fair_share:
+            return max(0, CLAIM_AHEAD_PER_SEQ * self.config.max_num_seqs - len(self._inflight))
+        if engine.stats().num_waiting > 0:
             return 0
         return max(0, self.config.max_num_seqs - len(self._inflight))
 
