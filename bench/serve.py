@@ -46,14 +46,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
-    body = {"model": args.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first = last = None
-    output_tokens = num_content_events = 0
-    async with http.stream("POST", f"{args.url}/v1/chat/completions", json=body) as response:
+@dataclass
+class Events:
+    """What a streamed chat completion's events said: when content came, how many tokens, its id."""
+
+    first: float | None = None  # perf_counter() of the first content event
+    last: float | None = None
+    output_tokens: int = 0  # the usage chunk's count, else one per content event
+    request_id: str = ""
+
+
+async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> Events:
+    """POST ``body`` to /v1/chat/completions (stream=true) and read its events to the end."""
+    read = Events()
+    num_content_events = 0
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
         async for line in response.aiter_lines():
@@ -62,19 +69,30 @@ async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
             event = json.loads(line[6:])
             if "error" in event:
                 raise RuntimeError(event["error"]["message"])
+            read.request_id = event.get("id", read.request_id)
             if event.get("usage"):
-                output_tokens = event["usage"]["completion_tokens"]
+                read.output_tokens = event["usage"]["completion_tokens"]
             if event["choices"] and event["choices"][0]["delta"].get("content"):
-                last = time.perf_counter()
-                first = first or last
+                read.last = time.perf_counter()
+                read.first = read.first or read.last
                 num_content_events += 1
-    end = time.perf_counter()
     # a server that sends no usage (llama.cpp's, some versions) streams one event per token
-    output_tokens = output_tokens or num_content_events
-    if first is None:
+    read.output_tokens = read.output_tokens or num_content_events
+    if read.first is None:
         raise RuntimeError("the stream carried no content")
-    itl = (last - first) / (output_tokens - 1) if output_tokens > 1 else None
-    return Result(first - start, itl, output_tokens, end - start)
+    return read
+
+
+async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
+    body = {"model": args.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    read = await read_events(http, args.url, body)
+    end = time.perf_counter()
+    tokens = read.output_tokens
+    itl = (read.last - read.first) / (tokens - 1) if tokens > 1 else None
+    return Result(read.first - start, itl, tokens, end - start)
 
 
 async def client_loop(http, args, prompts: list[str], queue: asyncio.Queue, results: list[Result]) -> None:

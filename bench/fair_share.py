@@ -1,0 +1,222 @@
+"""Fair share across tenants through a real server: one user's flood against another's requests.
+
+Starts Pagoda's embedded server as ``make run`` does (Daphne with the engine worker in the web
+process, the bundled SmolLM2, a temporary folder with its own SQLite database) on 127.0.0.1, with
+two users and an API key each, once per mode (``--modes off,on``: the engine setting fair_share,
+through PAGODA_ENGINE_FAIR_SHARE). On each server:
+
+1. idle: user B sends ``--probes`` short requests one at a time: B's time to first token (TTFT);
+2. user A floods: ``--flood`` streams, each sending its next request (``--flood-tokens`` tokens,
+   EOS ignored) as soon as the last ends, for ``--cycles`` cycles of a window alone and a window
+   while B sends its probes one at a time again (alternated, so that the machine's drift hits
+   both alike);
+
+and prints B's TTFT p50/p95 idle and under the flood (target: at most 2x idle), the flood's
+output tokens/s alone and while B is served (target: at least 0.9x), and where B's TTFT goes: the
+engine's own TTFT for B (from B's usage records: queueing in the engine, prefill, the step it
+shares), and the flood's inter-token time (the step time at the flood's batch). The flood's tokens
+are counted in a window pro rata of each request's streaming time. The machine is shared and
+noisy: only figures from one run compare.
+
+    .venv/bin/python bench/fair_share.py [--modes off,on] [--flood 200] [--flood-tokens 64]
+        [--probes 12] [--probe-tokens 8] [--window 30] [--cycles 2] [--warmup 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from serve import percentile, read_events  # noqa: E402
+from serve_compare import PY, ROOT, Services, free_port, manage, prepare_workdir  # noqa: E402
+
+PROMPTS = json.loads((ROOT / "bench" / "prompts.json").read_text())
+PROBE_PROMPT = "Name a colour."
+PROBE_GAP_S = 0.5  # B's pause between its requests: one at a time, not a second flood
+
+
+@dataclass
+class Stream:
+    request_id: str
+    sent: float
+    first: float
+    last: float
+    tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.sent
+
+
+async def stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_tokens: int) -> Stream:
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    read = await read_events(http, url, body, {"Authorization": f"Bearer {key}"})
+    return Stream(read.request_id, sent, read.first, read.last, read.output_tokens)
+
+
+async def probes(http, url: str, key: str, count: int, max_tokens: int) -> list[Stream]:
+    """B: ``count`` requests one at a time."""
+    done = []
+    for _ in range(count):
+        done.append(await stream(http, url, key, PROBE_PROMPT, max_tokens))
+        await asyncio.sleep(PROBE_GAP_S)
+    return done
+
+
+async def flood_stream(http, url: str, key: str, index: int, max_tokens: int, stop: asyncio.Event,
+                       done: list[Stream]) -> None:
+    i = index
+    while not stop.is_set():
+        done.append(await stream(http, url, key, PROMPTS[i % len(PROMPTS)], max_tokens))
+        i += 1
+
+
+def tokens_in(streams: list[Stream], start: float, end: float) -> float:
+    """Output tokens produced in [start, end), each request's spread evenly over its streaming time."""
+    total = 0.0
+    for s in streams:
+        span = s.last - s.first
+        if span <= 0:
+            total += s.tokens if start <= s.last < end else 0
+            continue
+        overlap = max(0.0, min(end, s.last) - max(start, s.first))
+        total += s.tokens * overlap / span
+    return total
+
+
+def engine_ttfts(db: Path, request_ids: list[str]) -> list[float]:
+    """What the engine measured for these requests (usage records: queue to first token)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(f"SELECT time_to_first_token FROM usage_usagerecord WHERE request_id IN "
+                            f"({','.join('?' * len(request_ids))})", request_ids).fetchall()
+    return [r[0] for r in rows if r[0] is not None]
+
+
+async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
+    limits = httpx.Limits(max_connections=args.flood + 8, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await stream(http, url, keys["b"], PROBE_PROMPT, args.probe_tokens)  # warm-up
+        idle = await probes(http, url, keys["b"], args.probes, args.probe_tokens)
+
+        stop, flood = asyncio.Event(), []
+        tasks = [asyncio.create_task(flood_stream(http, url, keys["a"], i, args.flood_tokens, stop, flood))
+                 for i in range(args.flood)]
+        await asyncio.sleep(args.warmup)
+        alone_windows, shared_windows, loaded = [], [], []
+        for _ in range(args.cycles):
+            start = time.perf_counter()
+            await asyncio.sleep(args.window)
+            alone_windows.append((start, time.perf_counter()))
+            start = time.perf_counter()
+            deadline = start + args.window
+            while time.perf_counter() < deadline:
+                loaded += await probes(http, url, keys["b"], 1, args.probe_tokens)
+            shared_windows.append((start, time.perf_counter()))
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    def rate(windows):
+        return sum(tokens_in(flood, a, b) for a, b in windows) / sum(b - a for a, b in windows)
+
+    itl = [(s.last - s.first) / (s.tokens - 1) for s in flood if s.tokens > 1]
+    return {
+        "idle": [s.ttft for s in idle], "loaded": [s.ttft for s in loaded],
+        "engine_idle": engine_ttfts(db, [s.request_id for s in idle]),
+        "engine_loaded": engine_ttfts(db, [s.request_id for s in loaded]),
+        "alone_tok_s": rate(alone_windows), "shared_tok_s": rate(shared_windows),
+        "flood_itl": itl, "flood_requests": len(flood),
+    }
+
+
+def run_mode(args, mode: str, root: Path, env: dict, keys: dict[str, str]) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    extra = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_FAIR_SHARE": "true" if mode == "on" else "false"}
+    with Services(root, env) as services:
+        services.spawn(f"daphne-{mode}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                          "webapp.config.asgi:application"], extra)
+        services.wait_ready(url)
+        return asyncio.run(measure(args, url, keys, root / "db.sqlite3"))
+
+
+def ms(values: list[float], q: float) -> str:
+    return f"{1000 * percentile(values, q):8.0f}" if values else "       -"
+
+
+def cpu_line() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), [])
+    wanted = [f for f in flags if f == "avx2" or f.startswith(("avx512", "amx"))]
+    return f"{model}; {os.cpu_count()} CPUs; {' '.join(wanted) or 'no avx2/avx512/amx'}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="off,on", help="fair_share off and/or on, in this order")
+    ap.add_argument("--flood", type=int, default=200, help="user A's concurrent streams")
+    ap.add_argument("--flood-tokens", type=int, default=64)
+    ap.add_argument("--probes", type=int, default=12, help="user B's requests on the idle server")
+    ap.add_argument("--probe-tokens", type=int, default=8)
+    ap.add_argument("--window", type=float, default=30.0, help="seconds of each measured window")
+    ap.add_argument("--cycles", type=int, default=2, help="pairs of windows (flood alone, flood + B)")
+    ap.add_argument("--warmup", type=float, default=40.0, help="seconds of flood before measuring")
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"on", "off"}:
+        ap.error("--modes: a comma-separated list of on and off")
+    if min(args.flood, args.flood_tokens, args.probes, args.probe_tokens, args.cycles) < 1:
+        ap.error("counts must be positive")
+
+    root, env, _ = prepare_workdir("pagoda-fair-share-")
+    manage(env, "shell", "-c", "from django.contrib.auth import get_user_model; "
+           "[get_user_model().objects.create_user(n) for n in ('flood', 'probe')]")
+    keys = {"a": manage(env, "create_api_key", "--name", "flood", "--user", "flood").strip().splitlines()[-1],
+            "b": manage(env, "create_api_key", "--name", "probe", "--user", "probe").strip().splitlines()[-1]}
+    print(f"workdir {root}; user A: {args.flood} streams x {args.flood_tokens} tokens; user B: one request "
+          f"at a time, {args.probe_tokens} tokens; {args.cycles} x ({args.window:.0f} s alone + "
+          f"{args.window:.0f} s with B) after {args.warmup:.0f} s; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+    results = {}
+    for mode in modes:
+        results[mode] = r = run_mode(args, mode, root, env, keys)
+        print(f"fair_share {mode}: {len(r['loaded'])} B requests under the flood, {r['flood_requests']} flood "
+              f"requests; load average {os.getloadavg()[0]:.1f}", flush=True)
+
+    print(f"\nCPU: {cpu_line()}")
+    print("\n                                   " + "".join(f"{'fair_share ' + m:>16}" for m in modes))
+    rows = [
+        ("B TTFT idle p50 / p95 (ms)", lambda r: f"{ms(r['idle'], 50)} /{ms(r['idle'], 95)}"),
+        ("B TTFT under flood p50 / p95 (ms)", lambda r: f"{ms(r['loaded'], 50)} /{ms(r['loaded'], 95)}"),
+        ("  ratio p50 (target <= 2)", lambda r: f"{percentile(r['loaded'], 50) / percentile(r['idle'], 50):17.2f}"),
+        ("B engine TTFT idle p50 (ms)", lambda r: f"{ms(r['engine_idle'], 50):>17}"),
+        ("B engine TTFT under flood p50/p95", lambda r: f"{ms(r['engine_loaded'], 50)} /{ms(r['engine_loaded'], 95)}"),
+        ("flood inter-token p50 (ms)", lambda r: f"{ms(r['flood_itl'], 50):>17}"),
+        ("flood tok/s alone", lambda r: f"{r['alone_tok_s']:17.1f}"),
+        ("flood tok/s while B is served", lambda r: f"{r['shared_tok_s']:17.1f}"),
+        ("  ratio (target >= 0.9)", lambda r: f"{r['shared_tok_s'] / r['alone_tok_s']:17.2f}"),
+    ]
+    for name, cell in rows:
+        print(f"{name:<35}" + "".join(f"{cell(results[m]):>16}" for m in modes))
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
