@@ -16,7 +16,8 @@ output tokens/s alone and while B is served (target: at least 0.9x), and where B
 engine's own TTFT for B (from B's usage records: queueing in the engine, prefill, the step it
 shares), and the flood's inter-token time (the step time at the flood's batch). The flood's tokens
 are counted in a window pro rata of each request's streaming time. The machine is shared and
-noisy: only figures from one run compare.
+noisy: only figures from one run compare. The queue deadline is raised to 600 s
+(PAGODA_QUEUE_TIMEOUT_S), so that a request waiting behind the flood is measured, not refused.
 
     .venv/bin/python bench/fair_share.py [--modes off,on] [--flood 200] [--flood-tokens 64]
         [--probes 12] [--probe-tokens 8] [--window 30] [--cycles 2] [--warmup 40]
@@ -70,20 +71,27 @@ async def stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_t
     return Stream(read.request_id, sent, read.first, read.last, read.output_tokens)
 
 
-async def probes(http, url: str, key: str, count: int, max_tokens: int) -> list[Stream]:
-    """B: ``count`` requests one at a time."""
+async def probes(http, url: str, key: str, count: int, max_tokens: int, failures: list[str]) -> list[Stream]:
+    """B: ``count`` requests one at a time (a refused one goes to ``failures``)."""
     done = []
     for _ in range(count):
-        done.append(await stream(http, url, key, PROBE_PROMPT, max_tokens))
+        try:
+            done.append(await stream(http, url, key, PROBE_PROMPT, max_tokens))
+        except (RuntimeError, httpx.HTTPError) as exc:
+            failures.append(str(exc)[:120])
         await asyncio.sleep(PROBE_GAP_S)
     return done
 
 
 async def flood_stream(http, url: str, key: str, index: int, max_tokens: int, stop: asyncio.Event,
-                       done: list[Stream]) -> None:
+                       done: list[Stream], failures: list[str]) -> None:
     i = index
     while not stop.is_set():
-        done.append(await stream(http, url, key, PROMPTS[i % len(PROMPTS)], max_tokens))
+        try:
+            done.append(await stream(http, url, key, PROMPTS[i % len(PROMPTS)], max_tokens))
+        except (RuntimeError, httpx.HTTPError) as exc:  # counted; the stream goes on after a pause
+            failures.append(str(exc)[:120])
+            await asyncio.sleep(1.0)
         i += 1
 
 
@@ -112,11 +120,12 @@ async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
     limits = httpx.Limits(max_connections=args.flood + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await stream(http, url, keys["b"], PROBE_PROMPT, args.probe_tokens)  # warm-up
-        idle = await probes(http, url, keys["b"], args.probes, args.probe_tokens)
+        b_failures, a_failures = [], []
+        idle = await probes(http, url, keys["b"], args.probes, args.probe_tokens, b_failures)
 
         stop, flood = asyncio.Event(), []
-        tasks = [asyncio.create_task(flood_stream(http, url, keys["a"], i, args.flood_tokens, stop, flood))
-                 for i in range(args.flood)]
+        tasks = [asyncio.create_task(flood_stream(http, url, keys["a"], i, args.flood_tokens, stop, flood,
+                                                  a_failures)) for i in range(args.flood)]
         await asyncio.sleep(args.warmup)
         alone_windows, shared_windows, loaded = [], [], []
         for _ in range(args.cycles):
@@ -126,7 +135,7 @@ async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
             start = time.perf_counter()
             deadline = start + args.window
             while time.perf_counter() < deadline:
-                loaded += await probes(http, url, keys["b"], 1, args.probe_tokens)
+                loaded += await probes(http, url, keys["b"], 1, args.probe_tokens, b_failures)
             shared_windows.append((start, time.perf_counter()))
         stop.set()
         await asyncio.gather(*tasks)
@@ -140,14 +149,17 @@ async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
         "engine_idle": engine_ttfts(db, [s.request_id for s in idle]),
         "engine_loaded": engine_ttfts(db, [s.request_id for s in loaded]),
         "alone_tok_s": rate(alone_windows), "shared_tok_s": rate(shared_windows),
-        "flood_itl": itl, "flood_requests": len(flood),
+        "flood_itl": itl, "flood_requests": len(flood), "b_failures": b_failures, "a_failures": a_failures,
     }
 
 
 def run_mode(args, mode: str, root: Path, env: dict, keys: dict[str, str]) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    extra = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_FAIR_SHARE": "true" if mode == "on" else "false"}
+    # A deadline past any wait here: what is measured is how long B waits, not the default 30 s
+    # queue deadline refusing it (which first come, first served reaches under this flood).
+    extra = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_FAIR_SHARE": "true" if mode == "on" else "false",
+             "PAGODA_QUEUE_TIMEOUT_S": "600"}
     with Services(root, env) as services:
         services.spawn(f"daphne-{mode}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                           "webapp.config.asgi:application"], extra)
@@ -197,7 +209,9 @@ def main() -> int:
     for mode in modes:
         results[mode] = r = run_mode(args, mode, root, env, keys)
         print(f"fair_share {mode}: {len(r['loaded'])} B requests under the flood, {r['flood_requests']} flood "
-              f"requests; load average {os.getloadavg()[0]:.1f}", flush=True)
+              f"requests; refused or failed: B {len(r['b_failures'])}, flood {len(r['a_failures'])}"
+              f"{' (' + r['b_failures'][0] + ')' if r['b_failures'] else ''}; load average "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\nCPU: {cpu_line()}")
     print("\n                                   " + "".join(f"{'fair_share ' + m:>16}" for m in modes))
