@@ -62,10 +62,6 @@ class FairShare:
     def state(self, seq: Sequence) -> TenantState:
         return self.tenants[self.tenant_id(seq)]
 
-    @property
-    def num_active(self) -> int:
-        return sum(1 for t in self.tenants.values() if t.is_active)
-
     # ----------------------------------------------------------------- transitions
     def enqueue(self, seq: Sequence) -> None:
         """``seq`` joins the waiting queue (a new request, or a sample forked off its first)."""
