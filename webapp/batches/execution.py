@@ -1,6 +1,6 @@
 """One batch line through the API's own generation path, and the output line it leaves.
 
-The steps are the ones a ``POST /v1/chat/completions`` takes (webapp/openai_api/views.py and
+The steps are the ones a ``POST /v1/chat/completions`` takes (webapp/openai_api/lifecycle.py and
 generation.py), through the same service functions: the body checked by the endpoint's
 InputSerializer, ``generation_admit`` (the key's concurrency, request-rate and budget limits),
 ``generation_prepare`` (model scope, tokenizing, the worst case reserved against the key), the
