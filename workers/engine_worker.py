@@ -36,6 +36,7 @@ from engine.errors import InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
 from engine.outputs import REQUEST_FAILED, FinishReason
 from engine.sampling_params import SamplingParams
+from engine.tenancy import Tenant
 from workers.heartbeat import Heartbeat
 from workers.metrics import WorkerMetrics
 from workers.outage import Outage
@@ -288,7 +289,9 @@ class EngineWorker:
             try:
                 self.engine.add_request(req.request_id, req.prompt_token_ids,
                                         sampling_params(req.params), priority=req.priority,
-                                        arrival_time=arrival_time(req.created_at), n=req.n)
+                                        arrival_time=arrival_time(req.created_at), n=req.n,
+                                        tenant=Tenant(req.tenant, req.tenant_weight),
+                                        shared_prefix_len=req.shared_prefix_len)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)

@@ -12,6 +12,7 @@ model's workers), so a dead worker is noticed within TTL + WATCH_INTERVAL (about
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -74,6 +75,13 @@ class GenerateRequest:
     reply_to: str = ""  # filled in by the transport when empty
     created_at: float = field(default_factory=time.time)  # wall clock; queueing counts in TTFT
     n: int = 1  # samples of the prompt (the engine checks the range)
+    # Who the request belongs to (engine/tenancy.py), set by the web side from who authenticated,
+    # never from the body: it scopes the prefix cache and weighs the tenant's fair share.
+    tenant: str = ""
+    tenant_weight: float = 1.0
+    # The first prompt tokens that are a prefix staff marked as shared: their full blocks are
+    # cached for every tenant. At most the prompt's length (a longer one is refused, not clamped).
+    shared_prefix_len: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,9 +93,23 @@ class GenerateRequest:
             raise ProtocolError("GenerateRequest: request_id must be a non-empty string")
         if not isinstance(req.reply_to, str):
             raise ProtocolError("GenerateRequest: reply_to must be a string")
-        if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
+        if not _is_int(req.n) or req.n < 1:
             raise ProtocolError("GenerateRequest: n must be a positive integer")
+        if not isinstance(req.tenant, str):
+            raise ProtocolError("GenerateRequest: tenant must be a string")
+        weight = req.tenant_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or weight <= 0:
+            raise ProtocolError("GenerateRequest: tenant_weight must be a finite number > 0")
+        num_prompt = len(req.prompt_token_ids) if isinstance(req.prompt_token_ids, list) else 0
+        if not _is_int(req.shared_prefix_len) or not 0 <= req.shared_prefix_len <= num_prompt:
+            raise ProtocolError(f"GenerateRequest: shared_prefix_len must be an integer from 0 to the "
+                                f"prompt's {num_prompt} tokens")
         return req
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass

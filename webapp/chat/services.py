@@ -17,6 +17,7 @@ from django.db import transaction
 
 from webapp.chat.documents import DocumentError, documents_clean, prompt_text
 from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
+from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
@@ -25,6 +26,7 @@ from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ChatLimits
 from webapp.keys.selectors import chatlimits_allows_model
 from webapp.keys.services import chatlimits_get_or_create
+from webapp.keys.tenancy import user_tenant
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
@@ -66,10 +68,13 @@ class Turn:
     started: float  # time.monotonic()
     limits: ChatLimits | None = None  # what the turn holds until turn_finish settles it
     is_finished: bool = False
+    shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt
 
     def engine_request(self) -> GenerateRequest:
+        # The logged-in user, never the page's message: the engine scopes its prefix cache to them.
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
-                               prompt_token_ids=self.prompt_token_ids, params=self.params)
+                               prompt_token_ids=self.prompt_token_ids, params=self.params,
+                               tenant=user_tenant(self.user.pk), shared_prefix_len=self.shared_prefix_len)
 
 
 def conversation_create(*, user, title: str = "") -> Conversation:
@@ -261,6 +266,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
                 prompt_ids = tokenizer.apply_chat_template(history)
             except ChatTemplateError as exc:
                 raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
+            num_shared = shared_prefix_len(tokenizer=tokenizer, messages=history, prompt_ids=prompt_ids)
             max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             _check_fits(prompt_ids, params["max_tokens"], max_model_len, user_message, slug)
             try:  # last, so that a refusal also takes back the saved message
@@ -274,7 +280,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise
     return Turn(request_id=request_id, user=user, conversation=conversation,
                 user_message=user_message, model=version.model, version=version, prompt_token_ids=prompt_ids,
-                params=params, started=started, limits=limits)
+                params=params, started=started, limits=limits, shared_prefix_len=num_shared)
 
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:

@@ -15,8 +15,10 @@ from webapp.keys.enforcement import (LimitExceeded, PriorityNotAllowed, apikey_a
                                      apikey_release, apikey_reserve, worst_case_tokens)
 from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ApiKey
+from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
+from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
@@ -64,15 +66,18 @@ class Generation:
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1  # choices (samples of the prompt)
     tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
+    shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.endpoint == CHAT else "prompt"
 
     def engine_request(self) -> GenerateRequest:
+        # The key's owner, never the body: the engine scopes its prefix cache to this tenant.
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
                                prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
-                               n=self.n)
+                               n=self.n, tenant=user_tenant(self.api_key.owner_id),
+                               shared_prefix_len=self.shared_prefix_len)
 
 
 def api_key_from_header(authorization: str | None) -> ApiKey:
@@ -130,13 +135,16 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    num_shared = 0
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
         logprobs = (values.get("top_logprobs") or 0) if values.get("logprobs") else None
+        messages = template_messages(values["messages"], values.get("tool_plan"))
         try:
-            prompt_ids = tokenizer.apply_chat_template(template_messages(values["messages"], values.get("tool_plan")))
+            prompt_ids = tokenizer.apply_chat_template(messages)
         except ChatTemplateError as exc:
             raise errors.invalid_parameter("messages", str(exc)) from exc
+        num_shared = shared_prefix_len(tokenizer=tokenizer, messages=messages, prompt_ids=prompt_ids)
     else:
         max_tokens = values.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = values.get("logprobs")
@@ -164,7 +172,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"))
+        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
