@@ -22,6 +22,7 @@ from engine.quantization.int8 import Int8Weight
 
 # llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -88,14 +89,8 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
 def load_gguf_config(path: Path) -> ModelConfig:
     reader = _open(path)
     gguf_arch = _field(reader, "general.architecture")
-    architecture = supported_architecture(gguf_arch, where=f"GGUF file {str(path)!r}")
+    architecture = supported_architecture(gguf_arch, where=f"GGUF file {str(path)!r}", gguf=True)
     tensor_names = {tensor.name for tensor in reader.tensors}
-    if "rope_freqs.weight" in tensor_names:
-        # Llama 3.1-style scaling is stored only as precomputed per-frequency factors, from which
-        # the HF rope_scaling parameters cannot be recovered exactly.
-        raise ModelLoadError(
-            f"GGUF file {str(path)!r} uses rope_freqs (Llama 3.1 rope scaling), which is not "
-            f"supported from GGUF; load the Hugging Face safetensors checkpoint instead")
 
     if "blk.0.attn_output.bias" in tensor_names:
         raise ModelLoadError(f"GGUF file {str(path)!r}: an attn_output bias is not supported")
@@ -119,6 +114,14 @@ def load_gguf_config(path: Path) -> ModelConfig:
     if vocab_size is None:
         vocab_size = int(next(t.shape[-1] for t in reader.tensors if t.name == "token_embd.weight"))
     # A chat model's end-of-turn token (Llama 3's <|eot_id|>) stops generation like eos does.
+    # Llama 3.1's rope scaling comes as precomputed per-frequency factors (each frequency is
+    # divided by its factor, as llama.cpp does), not as the HF rope_scaling parameters.
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    freq_factors = None if freqs is None else [
+        float(f) for f in dequantize(freqs.data, freqs.tensor_type).reshape(-1)]
+    if freq_factors is not None and len(freq_factors) != rotary_dim // 2:
+        raise ModelLoadError(f"GGUF file {str(path)!r}: {ROPE_FREQS} has {len(freq_factors)} "
+                             f"factors for {rotary_dim // 2} rotary frequencies")
     eos_ids = [_field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     try:
@@ -140,6 +143,7 @@ def load_gguf_config(path: Path) -> ModelConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=list(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
             torch_dtype=None,  # tensors are quantized; we dequantize to float32
+            rope_freq_factors=freq_factors,
         )
     except ValueError as exc:
         raise ModelLoadError(f"GGUF file {str(path)!r}: {exc}") from exc
@@ -163,7 +167,9 @@ class GGUFWeights:
         self._reader = _open(path)
         self._config = config
         self._permutes_qk = _field(self._reader, "general.architecture") in PERMUTED_QK_ARCHITECTURES
-        self._tensors = [(hf_tensor_name(t.name), t) for t in self._reader.tensors]
+        # rope_freqs is part of the config (load_gguf_config), not a weight
+        self._tensors = [(hf_tensor_name(t.name), t) for t in self._reader.tensors
+                         if t.name != ROPE_FREQS]
 
     def __len__(self) -> int:
         return len(self._tensors)
