@@ -39,11 +39,12 @@ def llama_cpp_rope_freqs(theta: float, dim: int, s: dict) -> list[float]:
 
 def _tokenizer_and_rope_freqs(factors):
     def extra(writer):
-        writer.add_tokenizer_model("llama")  # a byte vocabulary: the engine loads a tokenizer
+        # a byte vocabulary, no chat template: the engine loads a tokenizer (and a GGUF without
+        # a template once failed there: engine/text/tokenizer.py's _gguf_chat_template)
+        writer.add_tokenizer_model("llama")
         writer.add_token_list(VOCAB)
         writer.add_token_scores([0.0] * len(VOCAB))
         writer.add_token_types([2, 3, 3] + [6] * (len(VOCAB) - 3))
-        writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
         writer.add_tensor("rope_freqs.weight", torch.tensor(factors, dtype=torch.float32).numpy())
     return extra
 
