@@ -29,7 +29,7 @@ HF_ARCHITECTURES = {
 # GGUF `general.architecture` -> our model family, for those whose GGUF tensors we map
 # (engine/models/gguf_names.py). llama.cpp has no "mistral" GGUF architecture: it writes
 # Mistral checkpoints as "llama".
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3": "gemma3"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 
