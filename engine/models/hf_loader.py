@@ -101,7 +101,7 @@ def _max_positions(config: dict, rope_scaling: dict | None) -> int:
     return max_positions
 
 
-def _family_fields(architecture: str, config: dict, names: dict) -> dict:
+def _family_fields(architecture: str, config: dict) -> dict:
     """ModelConfig fields beyond Llama's, per family; ModelLoadError for what we do not run."""
     layers = config["num_hidden_layers"]
     activation = config.get("hidden_activation" if architecture == "gemma3" else "hidden_act")
@@ -209,7 +209,7 @@ def load_hf_config(directory: Path) -> ModelConfig:
             bos_token_id=bos,
             eos_token_ids=list(dict.fromkeys(eos_ids)),
             torch_dtype=config.get("dtype") or config.get("torch_dtype"),
-            **_family_fields(architecture, config, names),
+            **_family_fields(architecture, config),
         )
     except KeyError as exc:
         raise ModelLoadError(f"{str(directory / 'config.json')!r} lacks {exc.args[0]!r}") from exc

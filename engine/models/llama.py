@@ -137,11 +137,12 @@ def embedding(cfg: ModelConfig) -> nn.Module:
 
 def rotary(cfg: ModelConfig, use_triton: bool, base: float | None = None,
            scaling: dict | None = None) -> RotaryEmbedding:
-    """The model's RoPE table; by default with the checkpoint's base, scaling and GGUF factors."""
-    if base is None:
-        base, scaling = cfg.rope_theta, cfg.rope_scaling
-    return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, base, scaling, use_triton,
-                           freq_factors=cfg.rope_freq_factors)
+    """The model's RoPE table: by default with the checkpoint's base, scaling and GGUF factors;
+    given a base (Gemma's local layers), with that base and ``scaling`` only."""
+    if base is not None:
+        return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, base, scaling, use_triton)
+    return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                           cfg.rope_scaling, use_triton, freq_factors=cfg.rope_freq_factors)
 
 
 class LlamaModel(nn.Module):

@@ -136,10 +136,19 @@ def tiny_gemma3_dir(tmp_path_factory, smollm2_tokenizer):
 
 @pytest.mark.slow
 def test_gemma3_matches_transformers(tiny_gemma3_dir):
+    from transformers import AutoModelForCausalLM
+
     llm = assert_matches_transformers(tiny_gemma3_dir, num_kv_blocks=12)
     cfg = llm.engine.model_config
     assert cfg.layer_sliding_windows == [8, None, 8]
     assert (cfg.local_rope_theta, cfg.rope_theta) == (10_000.0, 1_000_000.0)
+    # A prompt whose first 32 tokens come from the prefix cache: the window reaches into them.
+    prompt = prompts_of()[2][:35] + [7, 8, 9]  # the batch's 40-token prompt, another tail
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32).eval()
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NUM_TOKENS,
+                                                ignore_eos=True))[0]
+    assert out.num_cached_tokens == 32
+    assert out.token_ids == hf_greedy(hf, prompt, NUM_TOKENS, [-1])
 
 
 @pytest.mark.slow
