@@ -8,8 +8,9 @@ checkpoints, the prompt alone, however much of the answer the client had receive
 How: each request that reaches a worker is watched here from then until it ends (``watch``,
 ``unwatch``: the API's requests, chat turns and batch lines alike); a daemon thread writes, every
 PAGODA_USAGE_CHECKPOINT_S (0: never), the counts of the watched requests that moved since its
-last write, all in one transaction: one commit per interval and process, however many requests
-run (bench/usage_checkpoint.py measures it). The UPDATE names ``status = 'running'``, so it never
+last write, in one transaction (which of them still run, then one UPDATE statement executed for
+each): one commit per interval and process, however many requests run (bench/usage_checkpoint.py
+measures it). The UPDATE names ``status = 'running'``, so it never
 touches a record that has ended; a request whose record has ended is no longer watched.
 """
 
@@ -41,6 +42,22 @@ def _counts(watched: _Watched) -> tuple[int | None, int, int]:
     return outcome.num_prompt_tokens, outcome.num_output_tokens, outcome.num_cached_tokens
 
 
+MAX_ROWS_PER_READ = 500  # bounds one statement's parameters
+
+
+def _groups(request_ids: list[str]):
+    for start in range(0, len(request_ids), MAX_ROWS_PER_READ):
+        yield request_ids[start:start + MAX_ROWS_PER_READ]
+
+
+def _update_sql() -> str:
+    """One row's checkpoint, run for every row with executemany: one statement parsed once (the ORM
+    would build and compile a statement per row, or a CASE with a branch per row and field)."""
+    table = connection.ops.quote_name(UsageRecord._meta.db_table)
+    return (f"UPDATE {table} SET prompt_tokens = COALESCE(%s, prompt_tokens), completion_tokens = %s, "
+            f"cached_prompt_tokens = %s, latency = %s WHERE request_id = %s AND status = %s")
+
+
 class Checkpoints:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -61,10 +78,6 @@ class Checkpoints:
         with self._lock:
             self._watched.pop(request_id, None)
 
-    def watching(self) -> set[str]:
-        with self._lock:
-            return set(self._watched)
-
     def flush(self) -> int:
         """Write the counts that moved since the last checkpoint, in one transaction; how many."""
         with self._lock:
@@ -72,16 +85,14 @@ class Checkpoints:
                      if _counts(watched) != watched.written}
         if not moved:
             return 0
-        ended = []
         now = time.monotonic()
         with transaction.atomic():
-            for request_id, (watched, (prompt, completion, cached)) in moved.items():
-                fields = dict(completion_tokens=completion, cached_prompt_tokens=cached, latency=now - watched.started)
-                if prompt is not None:
-                    fields["prompt_tokens"] = prompt
-                if not UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING).update(
-                        **fields):
-                    ended.append(request_id)
+            running = {r for group in _groups(list(moved)) for r in UsageRecord.objects.filter(
+                request_id__in=group, status=UsageRecord.Status.RUNNING).values_list("request_id", flat=True)}
+            with connection.cursor() as cursor:
+                cursor.executemany(_update_sql(), [
+                    (*moved[r][1], now - moved[r][0].started, r, UsageRecord.Status.RUNNING) for r in sorted(running)])
+        ended = set(moved) - running
         with self._lock:
             for request_id, (watched, counts) in moved.items():
                 watched.written = counts
