@@ -84,13 +84,14 @@ class Stack:
             cursor = conn.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
-    def usage(self, request_id: str, timeout: float = 10.0) -> list[dict]:
-        """The usage records of a request, waiting for the first (written as the request ends)."""
+    def usage(self, request_id: str, timeout: float = 10.0, *, ended: bool = True) -> list[dict]:
+        """The usage records of a request, waiting for the first (``ended``: for it to have ended; a
+        request that reached a worker has a running record from then until it ends)."""
         deadline = time.monotonic() + timeout
         while True:
             with psycopg.connect(self.database_url, row_factory=psycopg.rows.dict_row) as conn:
                 rows = conn.execute("SELECT * FROM usage_usagerecord WHERE request_id = %s", (request_id,)).fetchall()
-            if rows or time.monotonic() > deadline:
+            if (rows and not (ended and any(r["status"] == "running" for r in rows))) or time.monotonic() > deadline:
                 return rows
             time.sleep(0.1)
 
@@ -288,7 +289,7 @@ def test_a_request_on_a_killed_web_process_is_billed_with_what_its_worker_genera
     chunks = iter(stack.client(0, key).completions.create(**LONG, stream=True, logprobs=0))
     first = first_text_chunk(chunks)
     received = len(first.choices[0].logprobs.tokens)
-    (running,) = stack.usage(first.id)
+    (running,) = stack.usage(first.id, ended=False)
     killed = stack.pid("web1")
     os.kill(killed, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -297,7 +298,7 @@ def test_a_request_on_a_killed_web_process_is_billed_with_what_its_worker_genera
             for chunk in chunks:
                 received += len(chunk.choices[0].logprobs.tokens) if chunk.choices and chunk.choices[0].logprobs else 0
         deadline = killed_at + LEASE_TTL_S * 4 / 3 + 4 * RECONCILE_INTERVAL_S + 15
-        while (record := stack.usage(first.id)[0])["status"] == "running":
+        while (record := stack.usage(first.id, ended=False)[0])["status"] == "running":
             assert time.monotonic() < deadline, "the killed process's usage record was never ended"
             time.sleep(0.2)
         took = time.monotonic() - killed_at
