@@ -30,9 +30,9 @@ from webapp.keys.tenancy import user_tenant
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
-from webapp.usage.models import UsageRecord
+from webapp.usage.models import CHAT_REQUEST_PREFIX, UsageRecord
 from webapp.usage.outcome import Outcome
-from webapp.usage.services import usage_record_finish
+from webapp.usage.services import usage_record_finish, usage_record_start
 from workers.protocol import GenerateRequest
 
 TITLE_LENGTH = 60
@@ -243,7 +243,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise ChatInputError("invalid_parameter", exc.message, exc.param) from None
     system_prompt = _text(data, "system_prompt", limits.max_message_chars)
     tokenizer = load_tokenizer(version.tokenizer_dir)
-    request_id = "chat-" + uuid.uuid4().hex
+    request_id = CHAT_REQUEST_PREFIX + uuid.uuid4().hex
     try:
         limits_admit(subject=limits, request_id=request_id)
     except (LimitExceeded, LimitStoreUnavailable) as exc:
@@ -273,6 +273,8 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
                     num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
                     max_model_len=max_model_len))
+                usage_record_start(request_id=request_id, endpoint=ENDPOINT, started=started, model=version.model,
+                                   version=version, num_prompt_tokens=len(prompt_ids), user=user)
             except (LimitExceeded, LimitStoreUnavailable) as exc:
                 raise _refused(exc) from exc
     except BaseException:
@@ -284,18 +286,17 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
 
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
-    """Save the answer (a stopped one keeps what had arrived) and its usage record, and settle
-    what the turn held under the user's limits (once: a second call does nothing)."""
+    """Save the answer (a stopped one keeps what had arrived) and complete its usage record, which
+    settles what the turn held under the user's limits (once: a second call does nothing)."""
     if turn.is_finished:
         return None
     turn.is_finished = True
-    record = None
     try:
         with transaction.atomic():
             record = usage_record_finish(
                 request_id=turn.request_id, endpoint=ENDPOINT, started=turn.started, outcome=outcome,
                 model=turn.model, version=turn.version, num_prompt_tokens=len(turn.prompt_token_ids), user=turn.user,
-                aborted=aborted)
+                limits=turn.limits, aborted=aborted)
             if not outcome.text and record.status != UsageRecord.Status.OK:
                 return None
             finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
@@ -307,7 +308,7 @@ def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Messa
                 finish_reason=finish_reason)
             Conversation.objects.filter(pk=turn.conversation.pk).update(current_leaf=answer)
             return answer
-    finally:
+    except BaseException:  # rolled back, the settling too: free what the turn holds
         if turn.limits is not None:
-            tokens = record.prompt_tokens + record.completion_tokens if record is not None else 0
-            limits_release(subject=turn.limits, request_id=turn.request_id, tokens=tokens)
+            limits_release(subject=turn.limits, request_id=turn.request_id)
+        raise

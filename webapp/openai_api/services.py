@@ -28,7 +28,7 @@ from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.outcome import Outcome
-from webapp.usage.services import usage_record_build, usage_record_finish
+from webapp.usage.services import usage_record_build, usage_record_close, usage_record_finish, usage_record_start
 from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
@@ -166,6 +166,13 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
     apikey_mark_used(api_key=api_key)
+    try:  # the request is accounted for from now on, even if this process dies before it ends
+        usage_record_start(request_id=request_id, endpoint=endpoint, started=started, model=version.model,
+                           version=version, num_prompt_tokens=len(prompt_ids), api_key=api_key, user=api_key.owner,
+                           end_user=values.get("user") or "")
+    except LimitStoreUnavailable as exc:
+        logger.warning("request %s refused: %s", request_id, exc)
+        raise errors.limits_unavailable() from exc
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
         tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
@@ -219,26 +226,34 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     whose client went away before it did (``error`` None: aborted); frees what admission took."""
     record = request_refused_record(request_id=request_id, endpoint=endpoint, api_key=api_key, data=data,
                                     error=error, started=started)
+    if record is None:
+        return UsageRecord.objects.get(request_id=request_id)
     record.save()
     return record
 
 
 def request_refused_record(*, request_id: str, endpoint: str, api_key: ApiKey, data,
-                           error: errors.OpenAIError | None, started: float) -> UsageRecord:
+                           error: errors.OpenAIError | None, started: float) -> UsageRecord | None:
     """``request_refused`` but for the record's insert: it is returned validated and unsaved (the
-    API's views save it with webapp.usage.group_commit)."""
+    API's views save it with webapp.usage.group_commit); None when the request had its running
+    record already (it was cancelled between that and the engine): that record is ended here."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
     end_user = data.get("user") if isinstance(data, dict) and isinstance(data.get("user"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
-    apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     latency = time.monotonic() - started
     # Metric labels only name registered models: a client's typo must not add a time series.
     status = UsageRecord.Status.ERROR if error is not None else UsageRecord.Status.ABORTED
+    error_code = (error.code or "invalid_request") if error is not None else ""
     observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=status,
-                        latency=latency, time_to_first_token=None,
-                        error_code=(error.code or "invalid_request") if error is not None else None)
+                        latency=latency, time_to_first_token=None, error_code=error_code or None)
+    # A read first: the refusals of a burst must not each take SQLite's write lock for nothing.
+    if UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING).exists() and \
+            usage_record_close(request_id=request_id, subject=api_key, fields=dict(
+                status=status, latency=latency, prompt_tokens=0, completion_tokens=0, cached_prompt_tokens=0,
+                time_to_first_token=None, finish_reason="", error_code=error_code)):
+        return None
+    apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     return usage_record_build(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
-        error_code=(error.code or "invalid_request") if error is not None else "",
-        end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
+        error_code=error_code, end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
