@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine import LLM, SamplingParams, cpu_info  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.kernels.cpu import cpu_info  # noqa: E402
 from engine.kernels.cpu import build, native  # noqa: E402
 
 KERNELS = "engine/kernels/cpu"

@@ -21,7 +21,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import LLM, SamplingParams, cpu_info  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.kernels.cpu import cpu_info  # noqa: E402
 from engine.text.tokenizer import apply_chat_template  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from engine.scheduling.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
-from engine.scheduling.admission import check_length, check_request, check_token_ids, encode_prompt
+from engine.scheduling.admission import check_length, check_request, check_tenancy, check_token_ids, encode_prompt
 from engine.errors import InvalidParameterError, RequestNotFoundError
 from engine.memory.host_memory import release_after_load, release_idle_heap
 from engine.runtime.isolation import bisect, probe
@@ -95,22 +95,26 @@ class LLMEngine:
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, *, priority: int = 0,
-                    arrival_time: float | None = None, n: int = 1, tenant: Tenant | None = None) -> int:
+                    arrival_time: float | None = None, n: int = 1, tenant: Tenant | None = None,
+                    shared_prefix_len: int = 0) -> int:
         """Queue a request; returns its prompt length. Raises if it can never be served.
-
-        ``tenant``: whom it belongs to, for the fair share across tenants (engine/tenancy.py);
-        None: the engine's one tenant, ``Tenant()``.
 
         ``n`` > 1 asks for n samples of the same prompt (engine/sampling/parallel_sampling.py): their
         outputs carry ``index``; each sample's end sets its ``finish_reason``, and ``finished``
         marks the request's last output. Atomic: when it raises, nothing of the request remains.
+
+        ``tenant`` (the engine's single tenant when None) scopes the request's prefix-cache blocks:
+        it never hits another tenant's, except the full blocks inside its first
+        ``shared_prefix_len`` prompt tokens, a prefix the caller vouches is public (engine/tenancy.py);
+        and the scheduler shares the engine between tenants by their weight (fair_share.py).
         """
-        params = check_request(request_id, params, priority, tenant)
+        params = check_request(request_id, params, priority)
         n = check_n(n)
         ids = [sample_id(request_id, i) for i in range(n)]
         if any(i in self._requests or i in self._groups for i in ids):
             raise InvalidParameterError("request_id", f"{request_id!r} is already in use")
         prompt_ids = self.encode_prompt(prompt)
+        tenant = check_tenancy(tenant, shared_prefix_len, len(prompt_ids))
         check_token_ids(params, self.model_config.vocab_size)
         max_tokens = check_length(len(prompt_ids), params.max_tokens, max_model_len=self.max_model_len,
                                   block_size=self.config.block_size, num_blocks=self.block_manager.num_blocks)
@@ -119,7 +123,7 @@ class LLMEngine:
         try:
             for i, sid in enumerate(ids):
                 seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time,
-                               tenant=tenant)
+                               tenant=tenant, shared_prefix_len=shared_prefix_len)
                 detok = IncrementalDetokenizer(
                     self.tokenizer, skip_special_tokens=params.skip_special_tokens,
                     stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)

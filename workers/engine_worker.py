@@ -303,7 +303,8 @@ class EngineWorker:
                 self.engine.add_request(req.request_id, req.prompt_token_ids,
                                         sampling_params(req.params), priority=req.priority,
                                         arrival_time=arrival_time(req.created_at), n=req.n,
-                                        tenant=Tenant(req.tenant, req.tenant_weight))
+                                        tenant=Tenant(req.tenant, req.tenant_weight),
+                                        shared_prefix_len=req.shared_prefix_len)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)

@@ -1,7 +1,7 @@
 """Embedded mode's transport: an in-process broker with Redis's semantics, minus the network.
 
 A queue per model that several workers share, one reply channel per request, an abort
-broadcast per model and heartbeats with the same TTL. Worker threads call the worker side;
+broadcast per model, heartbeats with the same TTL and each request's usage report. Worker threads call the worker side;
 the client side runs on an asyncio loop. Replies cross threads via
 ``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` owned by the client's loop.
 """
@@ -9,12 +9,13 @@ the client side runs on an asyncio loop. Replies cross threads via
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
-from workers.protocol import HEARTBEAT_TTL_S, GenerateRequest, Reply, WorkerInfo
+from workers.protocol import HEARTBEAT_TTL_S, USAGE_REPORT_TTL_S, GenerateRequest, Reply, UsageReport, WorkerInfo
 from workers.transport import EngineClient, is_serving
 
 
@@ -40,6 +41,9 @@ class MemoryBroker:
         self._workers: dict[str, _Worker] = {}
         self._claims: dict[str, str] = {}  # request_id -> worker_id, until the client closes
         self._sinks: dict[str, _Sink] = {}  # reply_to -> the client's queue
+        # request_id -> (its usage report, monotonic() it expires), the soonest to expire first.
+        # They die with the process, as the embedded worker that wrote them does.
+        self._reports: OrderedDict[str, tuple[UsageReport, float]] = OrderedDict()
 
     def _is_live(self, worker: _Worker) -> bool:
         return time.monotonic() - worker.last_beat < self.heartbeat_ttl_s
@@ -102,6 +106,15 @@ class MemoryBroker:
             worker = self._workers.get(worker_id)
             return worker is not None and self._is_live(worker)
 
+    def usage_reports(self, request_ids: list[str]) -> dict[str, UsageReport]:
+        with self._lock:
+            self._expire_reports(time.monotonic())
+            return {r: self._reports[r][0] for r in request_ids if r in self._reports}
+
+    def _expire_reports(self, now: float) -> None:
+        while self._reports and next(iter(self._reports.values()))[1] <= now:
+            self._reports.popitem(last=False)
+
     def abort(self, model: str, request_id: str) -> None:
         with self._lock:
             self._withdraw(model, request_id)
@@ -147,6 +160,20 @@ class MemoryBroker:
             worker.aborts.clear()
             return aborted
 
+    def report(self, worker_id: str, model: str, replies: list[tuple[str, Reply]]) -> None:
+        """Update the usage report of every request a chunk among ``replies`` belongs to."""
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            self._expire_reports(now)
+            for _reply_to, reply in replies:
+                chunk = reply.chunk
+                if chunk is None or not chunk.request_id:
+                    continue
+                held = self._reports.pop(chunk.request_id, None)
+                report = held[0] if held else UsageReport(chunk.request_id, worker_id, model)
+                report = dataclasses.replace(report, worker_id=worker_id, **UsageReport.fields_of(chunk, wall))
+                self._reports[chunk.request_id] = (report, now + USAGE_REPORT_TTL_S)
+
     def deliver(self, reply_to: str, replies: list[Reply]) -> None:
         with self._lock:
             sink = self._sinks.get(reply_to)
@@ -173,6 +200,13 @@ class MemoryEngineClient(EngineClient):
 
     async def abort(self, model: str, request_id: str) -> None:
         self.broker.abort(model, request_id)
+
+    def abort_now(self, model: str, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.broker.abort(model, request_id)
+
+    def usage_reports(self, request_ids: list[str]) -> dict[str, UsageReport]:
+        return self.broker.usage_reports(request_ids)
 
     def live_workers(self, model: str | None = None) -> list[WorkerInfo]:
         return sorted(self.broker.live_workers(model), key=lambda w: (w.model, w.started_at))
@@ -237,6 +271,7 @@ class MemoryWorkerTransport:
     def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
                  timeout_s: float) -> list[GenerateRequest]:
         """Deliver ``replies``, then take up to ``max_count`` requests (waiting up to timeout_s)."""
+        self.broker.report(self.worker_id, self.model, replies)
         by_address: dict[str, list[Reply]] = {}
         for reply_to, reply in replies:
             by_address.setdefault(reply_to, []).append(reply)

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 5.0
 WATCH_INTERVAL_S = 1.0
+# How long a request's UsageReport outlives the last chunk its worker sent: longer than the web
+# side takes to notice that the process which asked for it died (webapp/usage/reconcile.py: the
+# lease's TTL, its confirmation and the reconciler's interval, 30 + 10 + 10 s by default).
+USAGE_REPORT_TTL_S = 600
 
 # ErrorInfo.code values.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -75,10 +79,13 @@ class GenerateRequest:
     reply_to: str = ""  # filled in by the transport when empty
     created_at: float = field(default_factory=time.time)  # wall clock; queueing counts in TTFT
     n: int = 1  # samples of the prompt (the engine checks the range)
-    # Whom it belongs to, for the engine's fair share (engine/tenancy.py): "user:<id>" from the web
-    # side, "" for the engine's one tenant; the weight staff gave the key or the chat user.
+    # Who the request belongs to (engine/tenancy.py), set by the web side from who authenticated,
+    # never from the body: it scopes the prefix cache and weighs the tenant's fair share.
     tenant: str = ""
     tenant_weight: float = 1.0
+    # The first prompt tokens that are a prefix staff marked as shared: their full blocks are
+    # cached for every tenant. At most the prompt's length (a longer one is refused, not clamped).
+    shared_prefix_len: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -90,15 +97,23 @@ class GenerateRequest:
             raise ProtocolError("GenerateRequest: request_id must be a non-empty string")
         if not isinstance(req.reply_to, str):
             raise ProtocolError("GenerateRequest: reply_to must be a string")
-        if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
+        if not _is_int(req.n) or req.n < 1:
             raise ProtocolError("GenerateRequest: n must be a positive integer")
         if not isinstance(req.tenant, str):
             raise ProtocolError("GenerateRequest: tenant must be a string")
         weight = req.tenant_weight
-        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
-                or weight <= 0):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or weight <= 0:
             raise ProtocolError("GenerateRequest: tenant_weight must be a finite number > 0")
+        num_prompt = len(req.prompt_token_ids) if isinstance(req.prompt_token_ids, list) else 0
+        if not _is_int(req.shared_prefix_len) or not 0 <= req.shared_prefix_len <= num_prompt:
+            raise ProtocolError(f"GenerateRequest: shared_prefix_len must be an integer from 0 to the "
+                                f"prompt's {num_prompt} tokens")
         return req
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -143,6 +158,44 @@ class Chunk:
         if chunk.error is not None:
             chunk.error = ErrorInfo.from_dict(chunk.error)
         return chunk
+
+
+@dataclass
+class UsageReport:
+    """A request's token counts as its worker last sent them, kept by the transport itself (a
+    Redis key in distributed mode) for USAGE_REPORT_TTL_S: what the web side bills when the process
+    that asked for the request died before recording it. The counts are the chunks' own (each
+    chunk carries the request's totals so far); a failure chunk, which carries none, marks the
+    report finished and keeps the counts before it."""
+
+    request_id: str
+    worker_id: str
+    model: str
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # every sample's, for n > 1
+    num_cached_tokens: int = 0
+    time_to_first_token: float | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    error_code: str | None = None
+    reported_at: float = 0.0  # wall clock of the worker's last chunk
+
+    @classmethod
+    def fields_of(cls, chunk: Chunk, now: float) -> dict:
+        """What ``chunk`` changes in its request's report (a failure leaves the counts as they were)."""
+        fields = {"finished": chunk.finished, "reported_at": now}
+        if chunk.error is not None:
+            return {**fields, "error_code": chunk.error.code}
+        return {**fields, "num_prompt_tokens": chunk.num_prompt_tokens, "num_output_tokens": chunk.num_output_tokens,
+                "num_cached_tokens": chunk.num_cached_tokens, "time_to_first_token": chunk.time_to_first_token,
+                "finish_reason": chunk.finish_reason}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> UsageReport:
+        return _from_dict(cls, data)
 
 
 @dataclass

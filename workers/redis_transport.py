@@ -10,6 +10,9 @@
   limit to hit (Channels' per-channel capacity drops messages) and keeps order.
 - Aborts: a pub/sub channel per model; every worker of the model hears them and whichever
   holds the request aborts it.
+- Usage reports: a hash per request (``pagoda:usage:<request_id>``, protocol.UsageReport) that the
+  worker updates with every chunk it sends, in the same round trip, and that lives
+  USAGE_REPORT_TTL_S after the last: the web side bills from it a request whose web process died.
 - Heartbeats: a key per worker holding its WorkerInfo as JSON, with a TTL; the key's existence
   is liveness, so no clocks are compared across hosts. A set lists the keys for enumeration.
 - Admission: a request is queued only while fewer than the bound of its model's entries are in
@@ -28,14 +31,16 @@ import contextlib
 import functools
 import json
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 
 import redis
 import redis.asyncio
 
-from workers.protocol import (HEARTBEAT_TTL_S, INVALID_PARAMETER, WATCH_INTERVAL_S, Chunk,
-                              ErrorInfo, GenerateRequest, ProtocolError, Reply, WorkerInfo)
+from workers.protocol import (HEARTBEAT_TTL_S, INVALID_PARAMETER, USAGE_REPORT_TTL_S, WATCH_INTERVAL_S,
+                              Chunk, ErrorInfo, GenerateRequest, ProtocolError, Reply, UsageReport,
+                              WorkerInfo)
 from workers.transport import EngineClient, TransportUnreachable, is_serving
 
 logger = logging.getLogger(__name__)
@@ -82,6 +87,32 @@ def reply_stream(request_id: str) -> str:
     return f"pagoda:reply:{request_id}"
 
 
+def usage_key(request_id: str) -> str:
+    return f"pagoda:usage:{request_id}"
+
+
+def _usage_updates(replies: list[tuple[str, Reply]], worker_id: str, model: str,
+                   now: float) -> dict[str, dict]:
+    """The usage report fields the chunks among ``replies`` change, per request (JSON values)."""
+    updates: dict[str, dict] = {}
+    for _reply_to, reply in replies:
+        chunk = reply.chunk
+        if chunk is not None and chunk.request_id:
+            fields = updates.setdefault(chunk.request_id, {"request_id": chunk.request_id, "worker_id": worker_id,
+                                                           "model": model})
+            fields.update(UsageReport.fields_of(chunk, now))
+    return {request_id: {name: json.dumps(value) for name, value in fields.items()}
+            for request_id, fields in updates.items()}
+
+
+def _parse_report(fields: dict) -> UsageReport | None:
+    try:
+        return UsageReport.from_dict({name: json.loads(value) for name, value in fields.items()})
+    except (ValueError, ProtocolError):
+        logger.warning("ignoring a malformed usage report: %r", fields)
+        return None
+
+
 def _parse_workers(values) -> list[WorkerInfo]:
     infos = []
     for raw in values:
@@ -122,6 +153,20 @@ class RedisEngineClient(EngineClient):
 
     async def abort(self, model: str, request_id: str) -> None:
         await self._redis().publish(abort_channel(model), request_id)
+
+    def abort_now(self, model: str, request_ids: list[str]) -> None:
+        with self._sync.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.publish(abort_channel(model), request_id)
+            pipe.execute()
+
+    def usage_reports(self, request_ids: list[str]) -> dict[str, UsageReport]:
+        with self._sync.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.hgetall(usage_key(request_id))
+            found = pipe.execute()
+        reports = (_parse_report(fields) for fields in found if fields)
+        return {report.request_id: report for report in reports if report is not None}
 
     def live_workers(self, model: str | None = None) -> list[WorkerInfo]:
         keys = sorted(self._sync.smembers(WORKERS_SET))
@@ -271,6 +316,9 @@ class RedisWorkerTransport:
                 pipe.xadd(reply_to, {"data": json.dumps(reply.to_dict())})
             for reply_to in {reply_to for reply_to, _ in replies}:
                 pipe.expire(reply_to, REPLY_TTL_S)
+            for request_id, fields in _usage_updates(replies, self.worker_id, self.model, time.time()).items():
+                pipe.hset(usage_key(request_id), mapping=fields)
+                pipe.expire(usage_key(request_id), USAGE_REPORT_TTL_S)
             if to_ack:
                 pipe.xack(self.stream, GROUP, *to_ack)
                 pipe.xdel(self.stream, *to_ack)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from workers.protocol import (NO_WORKER, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE, REQUEST_TIMEOUT,
                               SERVER_OVERLOADED, WATCH_INTERVAL_S, WORKER_LOST, Chunk, ErrorInfo,
-                              GenerateRequest, Reply, WorkerInfo)
+                              GenerateRequest, Reply, UsageReport, WorkerInfo)
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +208,16 @@ class EngineClient(abc.ABC):
     @abc.abstractmethod
     def live_workers(self, model: str | None = None) -> list[WorkerInfo]:
         """Workers with a fresh heartbeat (draining ones included), optionally of one model."""
+
+    # Without an event loop, for a caller that settles requests another process asked for (the
+    # usage reconciler): what their workers reported, and aborting them.
+    @abc.abstractmethod
+    def usage_reports(self, request_ids: list[str]) -> dict[str, UsageReport]:
+        """The workers' last reports of these requests (those within USAGE_REPORT_TTL_S of their last chunk)."""
+
+    @abc.abstractmethod
+    def abort_now(self, model: str, request_ids: list[str]) -> None:
+        """``abort`` for each of ``request_ids``, from synchronous code."""
 
     # ----------------------------------------------------------------- transport primitives
     @abc.abstractmethod

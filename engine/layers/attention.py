@@ -56,14 +56,23 @@ class Workspace:
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_triton: bool = False):
+    """sliding_window: each query attends to the last ``sliding_window`` tokens only (its own
+    included, as transformers' sliding-window mask); the blocks before stay in the cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_triton: bool = False,
+                 scale: float | None = None, sliding_window: int | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_heads // num_kv_heads
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.use_triton = use_triton
+        self.sliding_window = sliding_window
+        if use_triton and sliding_window is not None:
+            raise NotImplementedError(
+                f"sliding-window attention ({sliding_window} tokens) runs on the PyTorch path only; "
+                f"the Triton kernels attend to the whole context (use_triton=False)")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, ...], meta: AttentionMetadata) -> torch.Tensor:
@@ -103,12 +112,16 @@ class PagedAttention(nn.Module):
         q = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         k = k.transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
         v = v.transpose(0, 1).unsqueeze(0)
-        if offset == 0:
+        window = self.sliding_window
+        if offset == 0 and (window is None or ctx <= window):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                                enable_gqa=self.group > 1)
         else:
             rows = torch.arange(n, device=q.device).unsqueeze(1) + offset
-            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows  # [n, ctx]
+            cols = torch.arange(ctx, device=q.device).unsqueeze(0)
+            mask = cols <= rows  # [n, ctx]
+            if window is not None:
+                mask &= cols > rows - window
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                                enable_gqa=self.group > 1)
         return o[0].transpose(0, 1)
@@ -118,6 +131,16 @@ class PagedAttention(nn.Module):
         """q: [B, H, D], one token per sequence, attending to its whole cached context."""
         b = q.shape[0]
         block_size, kvh, d = pool.block_size, pool.kvh, pool.d
+        window = self.sliding_window
+        if window is not None and g.mask.shape[-1] > window:  # a context may reach past the window
+            k_buf, v_buf = pool.gather(g.flat_block_ids, workspace)
+            length = g.flat_block_ids.shape[0] // b * block_size
+            k = k_buf.view(b, length, kvh, d).transpose(1, 2)
+            v = v_buf.view(b, length, kvh, d).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q.view(b, kvh, self.group, d), k, v,
+                                               attn_mask=g.additive_mask(q.dtype, window),
+                                               scale=self.scale)
+            return o.reshape(b, self.num_heads, d)
         if pool.direct is not None and g.block_run_start is not None and (
                 q.dtype == torch.float32 or self._long_run(q.dtype, g.context_len, kvh)):
             return self._decode_one_run(q, *pool.direct, g.block_run_start, g.context_len)

@@ -36,13 +36,18 @@ class DecodeGroup:
     context_len: int = 0  # of the group's first sequence, this step's token included
     _additive: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+    def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
         """``mask`` as 0 / -inf in ``dtype``, converted once per step instead of inside every
-        layer's scaled_dot_product_attention (which converts a bool mask to exactly this)."""
-        m = self._additive.get(dtype)
+        layer's scaled_dot_product_attention (which converts a bool mask to exactly this).
+        window: also -inf before each row's last ``window`` tokens (sliding-window layers)."""
+        m = self._additive.get((dtype, window))
         if m is None:
-            m = self._additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device
-                                                    ).masked_fill_(~self.mask, float("-inf"))
+            mask = self.mask
+            if window is not None:
+                lens = mask.sum(dim=-1, keepdim=True)  # [g, 1, 1, 1] context lengths
+                mask = mask & (torch.arange(mask.shape[-1], device=mask.device) >= lens - window)
+            m = self._additive[dtype, window] = torch.zeros(
+                mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         return m
 
 

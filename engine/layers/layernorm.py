@@ -34,3 +34,19 @@ class RMSNorm(nn.Module):
             # that rounding (bit-identical to x.float() -> rms_norm -> .to(dtype), two casts fewer)
             out = self.weight * F.rms_norm(x, self.weight.shape, None, self.eps)
         return out if residual is None else (out, residual)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: scales by (1 + weight), normalises and scales in float32 then rounds (HF's
+    Gemma3RMSNorm, op for op); no fused residual (Gemma adds it after a second norm)."""
+
+    def __init__(self, hidden_size: int, eps: float, use_triton: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, D] -> [T, D]."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)

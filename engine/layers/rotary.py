@@ -1,36 +1,12 @@
-"""Rotary position embedding (HF rotate_half layout) with Llama 3 style frequency scaling."""
+"""Rotary position embedding (HF rotate_half layout); the frequency tables of every scaling type
+come from engine/layers/rope_scaling.py."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
-
-def rope_inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
-    """[head_dim // 2] float32 inverse frequencies, as transformers computes them."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type in (None, "default"):
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        factor = scaling["factor"]
-        low_freq_factor = scaling.get("low_freq_factor", 1.0)
-        high_freq_factor = scaling.get("high_freq_factor", 4.0)
-        old_context_len = scaling["original_max_position_embeddings"]
-        low_freq_wavelen = old_context_len / low_freq_factor
-        high_freq_wavelen = old_context_len / high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
-        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-        smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
-        is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, inv_freq_llama)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
+from engine.layers.rope_scaling import rope_tables
 
 
 class RotaryEmbedding(nn.Module):
@@ -41,13 +17,11 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None,
-                 use_triton: bool = False):
+                 use_triton: bool = False, freq_factors: list[float] | None = None):
         super().__init__()
         self.head_dim = head_dim
         self.use_triton = use_triton
-        inv_freq = rope_inv_freq(head_dim, base, scaling)
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        cos, sin = freqs.cos(), freqs.sin()
+        cos, sin = rope_tables(head_dim, max_position, base, scaling, freq_factors)
         if use_triton:
             # [max_position, head_dim]: cos of the half-frequencies, then sin (the kernel's layout).
             self.register_buffer("cos_sin_cache", torch.cat([cos, sin], dim=-1), persistent=False)

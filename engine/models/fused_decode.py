@@ -10,7 +10,9 @@ is for single tokens).
 It applies where every projection runs the engine's own int4 kernel (``Int4WeightOnlyLinear``
 with ``native``: a GGUF's Q4 blocks or ``quantization="int4"`` on an AVX2 CPU), the cache is a plain
 bf16 or float32 pool (not 8-bit), there is no tensor parallelism and no Triton; else ``build``
-returns None and the torch path runs, unchanged. ``PAGODA_FUSED_DECODE=0`` turns it off.
+returns None and the torch path runs, unchanged. So it does for a family whose layer is not the
+plain Llama layer (``fused_decode_layers`` false: Qwen3's Q/K norms, sliding windows, Gemma 3);
+every RoPE scaling is in the one table it reads. ``PAGODA_FUSED_DECODE=0`` turns it off.
 
 A decode row's arithmetic does not depend on its neighbours, the thread count or where its
 blocks lie (decode_step.c's header), so a sequence's tokens are the same alone or batched.
@@ -91,6 +93,9 @@ class FusedDecode:
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers") or not kv_caches:
             return "not a Llama-family model"
+        if not getattr(model, "fused_decode_layers", False):
+            # per-head Q/K norms, sliding windows, Gemma's norms and GeGLU: the torch path runs them
+            return f"the {model.config.architecture} layer is not the plain Llama layer the C step computes"
         k_cache = kv_caches[0][0]
         if k_cache.device.type != "cpu" or any(len(kv) != 2 for kv in kv_caches):
             return "not a CPU pool of plain K/V (8-bit caches take the torch path)"

@@ -22,10 +22,16 @@ from engine.quantization.int8 import Int8Weight
 
 # llama.cpp's converter reorders Q/K rows for its interleaved RoPE only for these architectures.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
+ROPE_FREQS = "rope_freqs.weight"
+# What llama.cpp's Gemma 3 graph fixes rather than stores: every sixth layer global, the others
+# attending to `attention.sliding_window` tokens with RoPE base 10,000 (transformers' GGUF load
+# takes the same from Gemma3TextConfig's defaults).
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10_000.0
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    name = hf_name(gguf_name)
+def hf_tensor_name(gguf_name: str, architecture: str | None = None) -> str:
+    name = hf_name(gguf_name, architecture)
     if name is None:
         raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in our models")
     return name
@@ -88,14 +94,8 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
 def load_gguf_config(path: Path) -> ModelConfig:
     reader = _open(path)
     gguf_arch = _field(reader, "general.architecture")
-    architecture = supported_architecture(gguf_arch, where=f"GGUF file {str(path)!r}")
+    architecture = supported_architecture(gguf_arch, where=f"GGUF file {str(path)!r}", gguf=True)
     tensor_names = {tensor.name for tensor in reader.tensors}
-    if "rope_freqs.weight" in tensor_names:
-        # Llama 3.1-style scaling is stored only as precomputed per-frequency factors, from which
-        # the HF rope_scaling parameters cannot be recovered exactly.
-        raise ModelLoadError(
-            f"GGUF file {str(path)!r} uses rope_freqs (Llama 3.1 rope scaling), which is not "
-            f"supported from GGUF; load the Hugging Face safetensors checkpoint instead")
 
     if "blk.0.attn_output.bias" in tensor_names:
         raise ModelLoadError(f"GGUF file {str(path)!r}: an attn_output bias is not supported")
@@ -119,6 +119,14 @@ def load_gguf_config(path: Path) -> ModelConfig:
     if vocab_size is None:
         vocab_size = int(next(t.shape[-1] for t in reader.tensors if t.name == "token_embd.weight"))
     # A chat model's end-of-turn token (Llama 3's <|eot_id|>) stops generation like eos does.
+    # Llama 3.1's rope scaling comes as precomputed per-frequency factors (each frequency is
+    # divided by its factor, as llama.cpp does), not as the HF rope_scaling parameters.
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    freq_factors = None if freqs is None else [
+        float(f) for f in dequantize(freqs.data, freqs.tensor_type).reshape(-1)]
+    if freq_factors is not None and len(freq_factors) != rotary_dim // 2:
+        raise ModelLoadError(f"GGUF file {str(path)!r}: {ROPE_FREQS} has {len(freq_factors)} "
+                             f"factors for {rotary_dim // 2} rotary frequencies")
     eos_ids = [_field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     try:
@@ -140,9 +148,19 @@ def load_gguf_config(path: Path) -> ModelConfig:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=list(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
             torch_dtype=None,  # tensors are quantized; we dequantize to float32
+            rope_freq_factors=freq_factors,
+            **_gemma3_fields(key, int(key("block_count")), head_dim) if gguf_arch == "gemma3" else {},
         )
     except ValueError as exc:
         raise ModelLoadError(f"GGUF file {str(path)!r}: {exc}") from exc
+
+
+def _gemma3_fields(key, num_layers: int, head_dim: int) -> dict:
+    window = int(key("attention.sliding_window"))
+    pattern = GEMMA3_SLIDING_WINDOW_PATTERN
+    return dict(qk_norm=True, local_rope_theta=GEMMA3_LOCAL_ROPE_THETA,
+                layer_sliding_windows=[window if (i + 1) % pattern else None for i in range(num_layers)],
+                query_pre_attn_scalar=head_dim)  # llama.cpp scales by 1/sqrt(head_dim)
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -163,7 +181,12 @@ class GGUFWeights:
         self._reader = _open(path)
         self._config = config
         self._permutes_qk = _field(self._reader, "general.architecture") in PERMUTED_QK_ARCHITECTURES
-        self._tensors = [(hf_tensor_name(t.name), t) for t in self._reader.tensors]
+        # rope_freqs is part of the config (load_gguf_config), not a weight
+        arch = _field(self._reader, "general.architecture")
+        self._tensors = [(hf_tensor_name(t.name, arch), t) for t in self._reader.tensors
+                         if t.name != ROPE_FREQS]
+        # llama.cpp stores Gemma's norm weights plus one (its norms scale by the weight itself)
+        self._norms_plus_one = arch == "gemma3"
 
     def __len__(self) -> int:
         return len(self._tensors)
@@ -200,6 +223,8 @@ class GGUFWeights:
             if not array.flags.writeable:  # a view into the read-only memory map
                 array = array.copy()
             weight = torch.from_numpy(array).reshape(shape)
+            if self._norms_plus_one and name.endswith("norm.weight"):
+                weight = weight - 1
             yield name, self._unpermuted(name, weight).contiguous()
 
     def _unpermuted(self, name: str, rows: torch.Tensor) -> torch.Tensor:

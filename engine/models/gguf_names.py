@@ -27,6 +27,17 @@ LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Per architecture, where its names differ from (or add to) LAYER_TENSORS: Gemma's ffn_norm is
+# the norm before the MLP, its post_* norms follow attention and the MLP; both have Q/K norms.
+ARCHITECTURE_LAYER_TENSORS = {
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+    },
+}
 GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -35,12 +46,14 @@ GLOBAL_TENSORS = {
 LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor; None for one our models have no counterpart of."""
+def hf_name(gguf_name: str, architecture: str | None = None) -> str | None:
+    """The Hugging Face name of a GGUF tensor (of a GGUF ``general.architecture``); None for one
+    our models have no counterpart of."""
     if gguf_name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[gguf_name]
+    layer_tensors = {**LAYER_TENSORS, **ARCHITECTURE_LAYER_TENSORS.get(architecture, {})}
     match = LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in LAYER_TENSORS:
+    if match is None or match.group(2) not in layer_tensors:
         return None
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{LAYER_TENSORS[part]}.{kind}"
+    return f"model.layers.{layer}.{layer_tensors[part]}.{kind}"

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
+from engine.layers.rope_scaling import ROPE_TYPES
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
 from engine.quantization import checkpoints
@@ -55,19 +56,91 @@ def _tokenizer_eos_id(directory: Path) -> int | None:
     return vocab.get(eos) if isinstance(vocab, dict) else None
 
 
-def _rope(config: dict) -> tuple[float, dict | None]:
-    """rope_theta and rope_scaling in HF form, from either the v4 keys or v5 `rope_parameters`."""
+def _rope(config: dict, layer_type: str | None = None) -> tuple[float, dict | None]:
+    """rope_theta and rope_scaling in HF form, from either the v4 keys or v5 `rope_parameters`
+    (per layer type for Gemma 3: {"full_attention": {...}, "sliding_attention": {...}})."""
     parameters = dict(config.get("rope_parameters") or {})
-    theta = config.get("rope_theta", parameters.get("rope_theta", 10000.0))
-    scaling = dict(config.get("rope_scaling") or {})
+    if layer_type is not None and isinstance(parameters.get(layer_type), dict):
+        parameters = dict(parameters[layer_type])
+        scaling = {} if layer_type != "full_attention" else dict(config.get("rope_scaling") or {})
+        theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+    else:
+        theta = config.get("rope_theta", parameters.get("rope_theta", 10000.0))
+        scaling = dict(config.get("rope_scaling") or {})
     if not scaling:
         scaling = {k: v for k, v in parameters.items() if k != "rope_theta"}
     legacy_type = scaling.pop("type", None)
     scaling.setdefault("rope_type", legacy_type or "default")
+    if scaling["rope_type"] == "su":  # Phi-3's first name for longrope
+        scaling["rope_type"] = "longrope"
     scaling.pop("rope_theta", None)
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelLoadError(f"partial rotary embeddings ({scaling['partial_rotary_factor']}) "
+                             f"are not supported")
+    scaling.pop("partial_rotary_factor", None)
+    if scaling["rope_type"] not in ROPE_TYPES:
+        raise ModelLoadError(f"unsupported rope_scaling type {scaling['rope_type']!r}; "
+                             f"supported: {', '.join(ROPE_TYPES)}")
     if scaling["rope_type"] == "default":
         return float(theta), None
+    if scaling["rope_type"] in ("yarn", "longrope", "dynamic"):
+        # yarn / longrope: the pre-training context, from rope_scaling or (Phi-3) the config;
+        # dynamic scales from max_position_embeddings on (transformers' rule).
+        scaling.setdefault("original_max_position_embeddings", config.get(
+            "original_max_position_embeddings", config.get("max_position_embeddings", 2048)))
+        if scaling["rope_type"] == "dynamic":
+            scaling["original_max_position_embeddings"] = config.get("max_position_embeddings", 2048)
     return float(theta), scaling
+
+
+def _max_positions(config: dict, rope_scaling: dict | None) -> int:
+    """The context length: dynamic NTK stretches max_position_embeddings by its factor."""
+    max_positions = config.get("max_position_embeddings", 2048)
+    if rope_scaling and rope_scaling["rope_type"] == "dynamic":
+        return int(max_positions * rope_scaling["factor"])
+    return max_positions
+
+
+def _family_fields(architecture: str, config: dict) -> dict:
+    """ModelConfig fields beyond Llama's, per family; ModelLoadError for what we do not run."""
+    layers = config["num_hidden_layers"]
+    activation = config.get("hidden_activation" if architecture == "gemma3" else "hidden_act")
+    expected = "gelu_pytorch_tanh" if architecture == "gemma3" else "silu"
+    if activation not in (None, expected):
+        raise ModelLoadError(f"{architecture} with activation {activation!r} is not supported "
+                             f"(only {expected!r})")
+    fields: dict = {}
+    window = config.get("sliding_window")
+    types = config.get("layer_types") or []
+    if architecture == "qwen3":
+        fields["qk_norm"] = True
+        if window and config.get("use_sliding_window"):
+            fields["layer_sliding_windows"] = [window if t == "sliding_attention" else None
+                                               for t in types] or [window] * layers
+    elif architecture == "phi3":
+        if window:
+            fields["layer_sliding_windows"] = [window] * layers
+    elif architecture == "gemma3":
+        if config.get("attn_logit_softcapping"):
+            raise ModelLoadError("Gemma attention logit soft-capping is not supported")
+        if config.get("use_bidirectional_attention"):
+            raise ModelLoadError("Gemma bidirectional attention is not supported")
+        if not types:
+            pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                     for i in range(layers)]
+        if isinstance((config.get("rope_parameters") or {}).get("sliding_attention"), dict):
+            local_theta, local_scaling = _rope(config, "sliding_attention")  # transformers v5
+        else:
+            local_theta, local_scaling = float(config.get("rope_local_base_freq", 10000.0)), None
+        if local_scaling is not None:
+            raise ModelLoadError("Gemma 3 RoPE scaling on its sliding-window layers is not supported")
+        fields.update(
+            qk_norm=True, local_rope_theta=local_theta,
+            layer_sliding_windows=[window if t == "sliding_attention" else None for t in types],
+            query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
+            final_logit_softcapping=config.get("final_logit_softcapping"))
+    return fields
 
 
 def weight_files(directory: Path) -> dict[str, Path]:
@@ -102,12 +175,13 @@ def load_hf_config(directory: Path) -> ModelConfig:
         raise ModelLoadError(f"{str(directory)!r}: an o_proj bias is not supported")
     hidden_size = config["hidden_size"]
     num_heads = config["num_attention_heads"]
-    rope_theta, rope_scaling = _rope(config)
-    max_positions = config.get("max_position_embeddings", 2048)
+    rope_theta, rope_scaling = _rope(config, "full_attention" if architecture == "gemma3" else None)
+    max_positions = _max_positions(config, rope_scaling)
     # Mistral/Qwen2 sliding-window attention equals full attention while the sequence fits the
     # window, so limiting the context to the window keeps full attention exact.
     window = config.get("sliding_window")
-    if window and config.get("use_sliding_window", architecture == "mistral"):
+    if window and architecture in ("mistral", "qwen2") and config.get(
+            "use_sliding_window", architecture == "mistral"):
         max_positions = min(max_positions, window)
 
     eos_ids = _token_ids(config.get("eos_token_id")) + _token_ids(generation.get("eos_token_id"))
@@ -130,10 +204,12 @@ def load_hf_config(directory: Path) -> ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings")) or LM_HEAD not in names,
-            attention_bias="model.layers.0.self_attn.q_proj.bias" in names,
+            attention_bias=any(f"model.layers.0.self_attn.{p}.bias" in names
+                               for p in ("q_proj", "qkv_proj")),
             bos_token_id=bos,
             eos_token_ids=list(dict.fromkeys(eos_ids)),
             torch_dtype=config.get("dtype") or config.get("torch_dtype"),
+            **_family_fields(architecture, config),
         )
     except KeyError as exc:
         raise ModelLoadError(f"{str(directory / 'config.json')!r} lacks {exc.args[0]!r}") from exc

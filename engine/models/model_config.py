@@ -1,4 +1,5 @@
-"""Architecture hyper-parameters of a Llama-family checkpoint, however it was stored."""
+"""Architecture hyper-parameters of a decoder checkpoint, however it was stored (the families:
+engine/models/registry.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ModelConfig:
-    architecture: str  # "llama", "mistral", "qwen2"
+    architecture: str  # our family name: "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -24,12 +25,29 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None  # the dtype the checkpoint was saved in, if it says
+    # A GGUF's rope_freqs tensor: each rotary frequency is divided by its factor (Llama 3.1).
+    rope_freq_factors: list[float] | None = None
+    qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
+    # Per layer: the number of most recent tokens it attends to, None for all; empty: all full.
+    layer_sliding_windows: list[int | None] = field(default_factory=list)
+    # Gemma 3: the RoPE base of the sliding-window layers, the attention scale's
+    # 1 / sqrt(query_pre_attn_scalar), tanh soft-capping of the final logits.
+    local_rope_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.layer_sliding_windows and len(self.layer_sliding_windows) != self.num_hidden_layers:
+            raise ValueError(f"{len(self.layer_sliding_windows)} layer windows for "
+                             f"{self.num_hidden_layers} layers")
+
+    def sliding_window(self, layer: int) -> int | None:
+        """How many most recent tokens layer ``layer`` attends to; None: all of them."""
+        return self.layer_sliding_windows[layer] if self.layer_sliding_windows else None
 
     @property
     def kv_bytes_per_token_per_byte_of_dtype(self) -> int:

@@ -7,26 +7,48 @@ from pathlib import Path
 from engine.bundled import BUNDLED_MODELS, bundled_model_path
 from engine.errors import ModelLoadError
 
-# HF `architectures[0]` / `model_type` and GGUF `general.architecture` -> our model family.
-# llama.cpp has no "mistral" GGUF architecture: it writes Mistral checkpoints as "llama".
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
+# Our model families: family -> (module in engine/models, class). One file per family; a new
+# family is a new file and a line here (and, when its checkpoint differs, in the loaders).
+FAMILIES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("llama", "LlamaForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma3": ("gemma3", "Gemma3ForCausalLM"),
 }
-
+# HF `architectures[0]` / `model_type` -> our model family.
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "llama": "llama",
+    "MistralForCausalLM": "mistral", "mistral": "mistral",
+    "Qwen2ForCausalLM": "qwen2", "qwen2": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "qwen3": "qwen3",
+    "Phi3ForCausalLM": "phi3", "phi3": "phi3",
+    "Gemma3ForCausalLM": "gemma3", "gemma3_text": "gemma3",
+}
+# GGUF `general.architecture` -> our model family, for those whose GGUF tensors we map
+# (engine/models/gguf_names.py). llama.cpp has no "mistral" GGUF architecture: it writes
+# Mistral checkpoints as "llama".
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3": "gemma3"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 
-def supported_architecture(name: str | None, *, where: str) -> str:
-    """Our family name for a checkpoint's architecture name; ModelLoadError if we cannot run it."""
-    if name in SUPPORTED_ARCHITECTURES:
-        return SUPPORTED_ARCHITECTURES[name]
-    known = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+def supported_architecture(name: str | None, *, where: str, gguf: bool = False) -> str:
+    """Our family name for a checkpoint's architecture name; ModelLoadError, listing what we run
+    from that format, if we cannot run it."""
+    table = GGUF_ARCHITECTURES if gguf else HF_ARCHITECTURES
+    if name in table:
+        return table[name]
+    known = ", ".join(sorted(table))
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
+
+
+def model_class(family: str):
+    """The nn.Module class of a model family (imported on demand: this module imports no torch)."""
+    from importlib import import_module
+
+    module, name = FAMILIES[family]
+    return getattr(import_module(f"engine.models.{module}"), name)
 
 
 def resolve_model_path(name_or_path: str) -> Path:

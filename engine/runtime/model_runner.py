@@ -23,9 +23,9 @@ from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace, kv_cache_shape
 from engine.sampling.sampler import Sampler
 from engine.models.fused_decode import FusedDecode
-from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
 from engine.models.model_config import ModelConfig
+from engine.models.registry import model_class
 from engine.outputs import TokenLogprob
 from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.scheduling.scheduler import ScheduledSequence
@@ -100,7 +100,7 @@ class ModelRunner:
                              compute_capability=lambda: torch.cuda.get_device_capability(self.device))
         with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
                 self.tp_group):
-            self.model = LlamaForCausalLM(model_config, use_triton=self.use_triton)
+            self.model = model_class(model_config.architecture)(model_config, use_triton=self.use_triton)
         self.model.eval()
         native = getattr(weights, "native_layouts", dict)()
         quantization = resolve_quantization(config.quantization, self.device.type)

@@ -12,8 +12,7 @@ from engine.sampling_params import SamplingParams
 from engine.tenancy import Tenant
 
 
-def check_request(request_id: object, params: SamplingParams | None, priority: object,
-                  tenant: object = None) -> SamplingParams:
+def check_request(request_id: object, params: SamplingParams | None, priority: object) -> SamplingParams:
     """The request's own fields; returns its parameters (the defaults when None)."""
     if not isinstance(request_id, str):
         raise InvalidParameterError("request_id", "must be a string")
@@ -23,8 +22,6 @@ def check_request(request_id: object, params: SamplingParams | None, priority: o
     params.validate()  # again: a field may have been set after construction
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
-    if tenant is not None and not isinstance(tenant, Tenant):
-        raise InvalidParameterError("tenant", f"must be an engine.tenancy.Tenant, got {tenant!r}")
     return params
 
 
@@ -43,6 +40,19 @@ def encode_prompt(tokenizer, prompt: str | list[int], vocab_size: int) -> list[i
     if not ids:
         raise InvalidParameterError("prompt", "must not be empty")
     return ids
+
+
+def check_tenancy(tenant: object, shared_prefix_len: object, num_prompt: int) -> Tenant:
+    """The request's tenant (the engine's single one when None); its shared prefix must lie within
+    the prompt (refused, not clamped: the serving layer computed it from this very prompt)."""
+    tenant = Tenant() if tenant is None else tenant
+    if not isinstance(tenant, Tenant):
+        raise InvalidParameterError("tenant", f"must be an engine.tenancy.Tenant, got {type(tenant).__name__}")
+    if (isinstance(shared_prefix_len, bool) or not isinstance(shared_prefix_len, int)
+            or not 0 <= shared_prefix_len <= num_prompt):
+        raise InvalidParameterError("shared_prefix_len", f"must be an integer from 0 to the prompt's "
+                                    f"{num_prompt} tokens, got {shared_prefix_len!r}")
+    return tenant
 
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> None:

@@ -5,6 +5,13 @@ once at start-up. Full blocks are keyed by a chained hash of their token ids
 (parent block's hash + this block's tokens), so two requests with the same prefix
 map it to the same physical blocks. A block whose reference count drops to zero
 keeps its hash and stays reusable until it is evicted, least-recently-used first.
+
+The chain is scoped to the sequence's tenant: its first private block chains from the
+tenant's salt (``tenant_salted``), so identical tokens of two tenants never share a block
+and one cannot observe the other's prefixes through hits. Only the full blocks wholly
+inside ``seq.shared_prefix_len`` (a prefix staff marked as shared) chain from
+``PUBLIC_ROOT``; the block after them chains from the last public hash salted with the
+tenant.
 """
 
 from __future__ import annotations
@@ -16,7 +23,17 @@ import xxhash
 
 from engine.scheduling.sequence import Sequence
 
-_NO_PARENT = 0
+PUBLIC_ROOT = 0  # the root of the chain every tenant may share (staff-marked prefixes only)
+
+
+def tenant_salted(parent_hash: int, tenant_id: str) -> int:
+    """The parent of a tenant's first private block: ``parent_hash`` (the last public block's
+    hash, PUBLIC_ROOT when nothing is shared) mixed with the tenant's id."""
+    h = xxhash.xxh3_128()
+    h.update(b"pagoda-tenant\x00")
+    h.update(parent_hash.to_bytes(16, "little"))
+    h.update(tenant_id.encode("utf-8"))
+    return h.intdigest()
 
 
 def hash_block_tokens(parent_hash: int, token_ids: list[int]) -> int:
@@ -67,11 +84,17 @@ class BlockManager:
         The last token is always left out because the step that computes it produces
         the logits of the next token, so it can never be served from the cache.
         """
-        num_full = (seq.num_tokens - 1) // self.block_size
-        hashes: list[int] = []
-        parent = _NO_PARENT
+        return self._chain(seq, 0, (seq.num_tokens - 1) // self.block_size, PUBLIC_ROOT)
+
+    def _chain(self, seq: Sequence, start: int, stop: int, parent: int) -> list[int]:
+        """Hashes of ``seq``'s full blocks ``start``..``stop - 1``; ``parent`` is block
+        ``start - 1``'s hash (PUBLIC_ROOT for block 0)."""
         bs = self.block_size
-        for i in range(num_full):
+        num_public = seq.shared_prefix_len // bs  # blocks wholly inside the shared prefix
+        hashes: list[int] = []
+        for i in range(start, stop):
+            if i == num_public:  # the first private block: from here on, the tenant's alone
+                parent = tenant_salted(parent, seq.tenant.id)
             parent = hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs])
             hashes.append(parent)
         return hashes
@@ -135,16 +158,15 @@ class BlockManager:
         """Register every block of ``seq`` that became full of computed tokens."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
-        parent = seq.block_hashes[-1] if seq.block_hashes else _NO_PARENT
-        for i in range(len(seq.block_hashes), num_full):
-            parent = hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs])
-            seq.block_hashes.append(parent)
+        start = len(seq.block_hashes)
+        parent = seq.block_hashes[-1] if seq.block_hashes else PUBLIC_ROOT
+        stop = seq.num_computed_tokens // self.block_size
+        for i, block_hash in enumerate(self._chain(seq, start, stop, parent), start):
+            seq.block_hashes.append(block_hash)
             block = self.blocks[seq.block_table[i]]
-            if block.block_hash is None and parent not in self._cached:
-                block.block_hash = parent
-                self._cached[parent] = block.block_id
+            if block.block_hash is None and block_hash not in self._cached:
+                block.block_hash = block_hash
+                self._cached[block_hash] = block.block_id
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; its tail blocks become the first candidates for eviction."""

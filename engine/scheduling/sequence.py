@@ -24,16 +24,21 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose K/V are in the cache; the tokens
     from there to ``num_tokens`` are what the next step must feed through the model
     (the whole prompt at first, in chunks if needed; then one token per decode step).
+
+    ``tenant`` scopes its prefix-cache blocks; the full blocks inside its first
+    ``shared_prefix_len`` prompt tokens (a prefix staff marked as shared) are every tenant's.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 *, priority: int = 0, arrival_time: float | None = None, tenant: Tenant | None = None):
+                 *, priority: int = 0, arrival_time: float | None = None, tenant: Tenant | None = None,
+                 shared_prefix_len: int = 0):
         self.request_id = request_id
-        self.tenant = Tenant() if tenant is None else tenant
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.priority = priority
+        self.tenant = Tenant() if tenant is None else tenant
+        self.shared_prefix_len = shared_prefix_len
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_order = next(_arrival_counter)  # ties in arrival_time broken FIFO
         self.status = SequenceStatus.WAITING

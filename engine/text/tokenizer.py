@@ -44,6 +44,14 @@ def _convert_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def _gguf_chat_template(path: Path) -> str | None:
+    """The GGUF's own tokenizer.chat_template, None when it carries none (Gemma 3 270M's)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.chat_template")
+    return None if field is None else field.contents()
+
+
 def gguf_tokenizer_dir(path: Path) -> Path | None:
     """A folder holding the GGUF's tokenizer as transformers saves it, converted in a child
     process the first time; None when it cannot be written (then the caller converts in-process).

@@ -102,21 +102,26 @@ class Site:
 
     # ------------------------------------------------------------- reading the site's state
     def usage(self, request_id: str, timeout: float = 10.0) -> dict:
-        """The usage record of a request, waiting for it (it is written as the request ends)."""
+        """The usage record of a request once ended, waiting for it (a request that reached a worker
+        has a ``running`` record from then until it ends)."""
+        return self._ended("SELECT * FROM usage_usagerecord WHERE request_id = ?", (request_id,), timeout,
+                           f"no ended usage record for {request_id}")
+
+    def last_usage(self, timeout: float = 10.0) -> dict:
+        """The newest usage record once ended."""
+        return self._ended("SELECT * FROM usage_usagerecord ORDER BY id DESC LIMIT 1", (), timeout,
+                           "no ended usage record")
+
+    def _ended(self, query: str, params: tuple, timeout: float, failure: str) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             with sqlite3.connect(self.db_path) as db:
                 db.row_factory = sqlite3.Row
-                row = db.execute("SELECT * FROM usage_usagerecord WHERE request_id = ?", (request_id,)).fetchone()
-            if row is not None or time.monotonic() > deadline:
-                assert row is not None, f"no usage record for {request_id}"
+                row = db.execute(query, params).fetchone()
+            if (row is not None and row["status"] != "running") or time.monotonic() > deadline:
+                assert row is not None and row["status"] != "running", failure
                 return dict(row)
             time.sleep(0.1)
-
-    def last_usage(self) -> dict:
-        with sqlite3.connect(self.db_path) as db:
-            db.row_factory = sqlite3.Row
-            return dict(db.execute("SELECT * FROM usage_usagerecord ORDER BY id DESC LIMIT 1").fetchone())
 
     def metric(self, name: str, **labels) -> float | None:
         from prometheus_client.parser import text_string_to_metric_families

@@ -5,7 +5,8 @@ PostgreSQL and Redis, two Daphne processes, two engine workers of the tiny rando
 (registered with ``--also register_model``, so no bundled model is exported), Celery worker and
 beat, under honcho. What it must show: the two web processes enforce one key's limits together,
 each request lands one usage record, and killing a web process or a worker loses nothing else
-(the supervisor starts it again). Usage and keys are read and set in its PostgreSQL directly.
+(the supervisor starts it again): not even the usage of a request the killed web process was
+streaming (webapp/usage/reconcile.py). Usage and keys are read and set in its PostgreSQL directly.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ pytestmark = [pytest.mark.e2e,
 
 MODEL = "tiny"
 LEASE_TTL_S = 5  # the stack's web processes' (PAGODA_LEASE_TTL_S)
+RECONCILE_INTERVAL_S = 1  # its beat's usage reconciler (PAGODA_USAGE_RECONCILE_INTERVAL_S)
 PROMPT = "Once upon a time"
 LONG = dict(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=400, extra_body={"ignore_eos": True})
 MAX_NOTICE_S = 10.0  # heartbeat TTL (5 s) + a watch interval, with room to spare
@@ -82,13 +84,14 @@ class Stack:
             cursor = conn.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
-    def usage(self, request_id: str, timeout: float = 10.0) -> list[dict]:
-        """The usage records of a request, waiting for the first (written as the request ends)."""
+    def usage(self, request_id: str, timeout: float = 10.0, *, ended: bool = True) -> list[dict]:
+        """The usage records of a request, waiting for the first (``ended``: for it to have ended; a
+        request that reached a worker has a running record from then until it ends)."""
         deadline = time.monotonic() + timeout
         while True:
             with psycopg.connect(self.database_url, row_factory=psycopg.rows.dict_row) as conn:
                 rows = conn.execute("SELECT * FROM usage_usagerecord WHERE request_id = %s", (request_id,)).fetchall()
-            if rows or time.monotonic() > deadline:
+            if (rows and not (ended and any(r["status"] == "running" for r in rows))) or time.monotonic() > deadline:
                 return rows
             time.sleep(0.1)
 
@@ -116,7 +119,7 @@ def stack(tiny_llama_dir):
            if name not in ("REDIS_URL", "DATABASE_URL", "PAGODA_EMBEDDED_WORKERS", "PAGODA_DATA_DIR")}
     env.update({"DJANGO_SETTINGS_MODULE": "stack_settings", "PYTHONPATH": os.pathsep.join([str(root), str(REPO_ROOT)]),
                 "PAGODA_READYZ_TOKEN": READYZ_TOKEN, "OMP_NUM_THREADS": "1", "LOG_LEVEL": "INFO",
-                "PAGODA_LEASE_TTL_S": str(LEASE_TTL_S)})
+                "PAGODA_LEASE_TTL_S": str(LEASE_TTL_S), "PAGODA_USAGE_RECONCILE_INTERVAL_S": str(RECONCILE_INTERVAL_S)})
     command = [sys.executable, "-m", "deploy.stack.launch", "--dir", str(root), "--pg-port", str(ports["pg"]),
                "--redis-port", str(ports["redis"]), "--web-ports", f"{ports['web1']},{ports['web2']}",
                "--model", MODEL, "--no-bundled-model",
@@ -265,6 +268,55 @@ def test_a_request_in_flight_on_a_killed_web_process_gives_its_concurrency_slot_
         print(f"the key served again {took:.1f} s after the kill ({refused_while_leased} 429s meanwhile)")
         assert answer.choices[0].finish_reason == "length"
         assert refused_while_leased  # the slot was held while the lease lived, then given back
+    finally:
+        stack.wait_until(lambda: stack.pid("web1") != killed and
+                         httpx.get(f"{stack.webs[0].url}/healthz", timeout=5).status_code == 200,
+                         "the supervisor starting web1 again", timeout=60)
+
+
+def last_chunk(stack: Stack, request_id: str):
+    """The last chunk the worker sent for ``request_id``, from its reply stream (nobody reads it now)."""
+    replies = [Reply.from_dict(json.loads(fields["data"])) for _id, fields in stack.redis.xrange(reply_stream(request_id))]
+    return [r.chunk for r in replies if r.chunk is not None][-1]
+
+
+@pytest.mark.slow
+def test_a_request_on_a_killed_web_process_is_billed_with_what_its_worker_generated(stack, tiny_tokenizer):
+    """SIGKILL: no drain, no usage written by the process. Its record, written running when the
+    request went to a worker, is ended by the beat's reconciler once the process's lease lapses,
+    with the worker's count: all it generated, at least what the client received."""
+    key = stack.key()
+    chunks = iter(stack.client(0, key).completions.create(**LONG, stream=True, logprobs=0))
+    first = first_text_chunk(chunks)
+    received = len(first.choices[0].logprobs.tokens)
+    (running,) = stack.usage(first.id, ended=False)
+    killed = stack.pid("web1")
+    os.kill(killed, signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        with pytest.raises(openai.APIConnectionError):
+            for chunk in chunks:
+                received += len(chunk.choices[0].logprobs.tokens) if chunk.choices and chunk.choices[0].logprobs else 0
+        deadline = killed_at + LEASE_TTL_S * 4 / 3 + 4 * RECONCILE_INTERVAL_S + 15
+        while (record := stack.usage(first.id, ended=False)[0])["status"] == "running":
+            assert time.monotonic() < deadline, "the killed process's usage record was never ended"
+            time.sleep(0.2)
+        took = time.monotonic() - killed_at
+        worker_said = last_chunk(stack, first.id)
+        print(f"usage of the killed process's request ended {took:.1f} s after SIGKILL: "
+              f"{record['completion_tokens']} tokens generated ({worker_said.finish_reason}), {received} received")
+
+        assert (running["status"], running["prompt_tokens"]) == ("running", len(tiny_tokenizer.encode(PROMPT)))
+        assert running["completion_tokens"] <= received  # a checkpoint may have written some already
+        assert f"-{killed}-" in running["process_id"]  # named the process that was killed
+        assert (record["status"], record["error_code"], record["process_id"]) == ("error", "web_process_lost", "")
+        assert worker_said.finished and worker_said.finish_reason in ("length", "abort")
+        assert (record["prompt_tokens"], record["completion_tokens"]) == \
+            (worker_said.num_prompt_tokens, worker_said.num_output_tokens)
+        assert record["completion_tokens"] >= received > 0
+        (charged,) = stack.sql("SELECT tokens_used, tokens_reserved FROM keys_apikey "
+                               "WHERE key_hash = encode(sha256(%s::bytea), 'hex')", key)
+        assert charged == (record["prompt_tokens"] + record["completion_tokens"], 0)
     finally:
         stack.wait_until(lambda: stack.pid("web1") != killed and
                          httpx.get(f"{stack.webs[0].url}/healthz", timeout=5).status_code == 200,

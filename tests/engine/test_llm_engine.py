@@ -200,3 +200,30 @@ def test_reset_counters_zeroes_the_totals_but_keeps_the_prefix_cache(tiny_llama_
     after = engine.stats()
     # computed prompt tokens only: the 32 served by the cache are hits, not computed
     assert (after.num_prompt_tokens, after.num_generation_tokens, after.prefix_cache_hit_tokens) == (8, 2, 32)
+
+
+def test_a_tenants_prompt_is_cached_for_it_alone_and_a_shared_prefix_for_everyone(tiny):
+    from engine.tenancy import Tenant
+
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    prompt = list(range(300, 341))  # two full blocks of 16 before the last one
+    runs = [("a", Tenant("user:1"), 0), ("b", Tenant("user:2"), 0), ("a-again", Tenant("user:1"), 0),
+            ("c", Tenant("user:3"), 16), ("d", Tenant("user:4"), 16)]
+    cached = {}
+    for rid, tenant, shared in runs:
+        tiny.engine.add_request(rid, prompt if shared == 0 else [7] + prompt, greedy, tenant=tenant,
+                                shared_prefix_len=shared)
+        cached[rid] = drain(tiny.engine)[rid][-1].num_cached_tokens
+
+    assert cached == {"a": 0, "b": 0, "a-again": 32, "c": 0, "d": 16}
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(shared_prefix_len=4), "shared_prefix_len"), (dict(shared_prefix_len=-1), "shared_prefix_len"),
+    (dict(shared_prefix_len=1.0), "shared_prefix_len"), (dict(tenant="user:1"), "tenant"),
+])
+def test_a_bad_tenancy_names_its_parameter_and_stores_nothing(tiny, kwargs, param):
+    with pytest.raises(InvalidParameterError) as e:
+        tiny.engine.add_request("bad-tenancy", [1, 2, 3], **kwargs)
+    assert e.value.param == param
+    assert not tiny.engine.has_request("bad-tenancy")

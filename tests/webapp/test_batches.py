@@ -133,6 +133,24 @@ def test_a_batch_answers_every_line_as_the_api_does_and_records_usage_per_line(
     assert batch["usage"]["output_tokens"] == sum(a["usage"]["completion_tokens"] for a in direct)
 
 
+def test_a_batch_line_is_cached_for_the_batch_keys_owner_alone(client, served, keys,
+                                                                  django_capture_on_commit_callbacks):
+    prompt = "The ledger of the harbour master lists every ship that anchored in the bay this winter."
+    alices = client.post("/v1/completions", json.dumps(request_line(0, prompt)["body"]),
+                         content_type="application/json", **auth(keys["alice"])).json()
+
+    cached = {}
+    for owner in ("bob", "alice"):
+        file = upload(client, keys[owner], jsonl([request_line(0, prompt)])).json()
+        batch = create_batch(client, keys[owner], file["id"], django_capture_on_commit_callbacks)
+        batch = client.get(f"/v1/batches/{batch['id']}", **auth(keys[owner])).json()
+        output = client.get(f"/v1/files/{batch['output_file_id']}/content", **auth(keys[owner]))
+        cached[owner] = json.loads(output.content)["response"]["body"]["usage"]["prompt_tokens_details"]
+
+    assert alices["usage"]["prompt_tokens"] > 16  # at least one full block to hit
+    assert cached == {"bob": {"cached_tokens": 0}, "alice": {"cached_tokens": 16}}
+
+
 def test_a_line_the_engine_refuses_goes_to_the_error_file_and_the_rest_complete(
         client, served, keys, django_capture_on_commit_callbacks):
     lines = [request_line(0, "fine"), request_line(1, "x " * 600)]  # over the 512-token context

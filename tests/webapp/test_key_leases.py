@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 
 from webapp.keys import enforcement
 from webapp.keys.enforcement import LimitExceeded, apikey_admit, apikey_reserve
-from webapp.keys.leases import process_id
+from webapp.keys.leases import LEASE_PREFIX, process_id
 from webapp.keys.limits import MemoryLimitStore, RedisLimitStore
 from webapp.keys.models import ApiKey, TokenReservation
 from webapp.keys.services import apikey_create
@@ -113,3 +113,30 @@ def test_embedded_mode_gives_back_reservations_left_by_a_previous_run_of_the_ser
 
     api_key.refresh_from_db()
     assert (api_key.tokens_used, api_key.tokens_reserved) == (0, 50)
+
+
+@pytest.mark.e2e
+def test_a_process_is_called_gone_only_when_its_lease_is_missing_at_two_looks_a_confirmation_apart(
+        redis_server, holder, settings):
+    """A Redis that restarts forgets every lease, which each live process renews within a sixth of
+    the TTL: a single look without a lease must not call it dead (the usage reconciler would
+    end and abort its requests)."""
+    settings.PAGODA_LEASE_TTL_S = LEASE_TTL_S
+    prefix, child_id, child = holder
+    store = RedisLimitStore(redis_server, prefix=prefix)
+    confirm_s = LEASE_TTL_S / 3  # GONE_CONFIRM_PERIODS renewal periods
+    store.lease()
+    store._redis.delete(LEASE_PREFIX + child_id, LEASE_PREFIX + process_id())  # as after a Redis restart
+
+    at_once = store.processes_gone({child_id, process_id()})
+    time.sleep(confirm_s + 0.3)  # both renew meanwhile (every ttl / 6)
+    renewed = store.processes_gone({child_id, process_id()})
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    time.sleep(LEASE_TTL_S + 0.2)  # its lease lapses: missing from now on
+    first_look = store.processes_gone({child_id, process_id()})
+    time.sleep(confirm_s + 0.1)
+    second_look = store.processes_gone({child_id, process_id()})
+
+    assert (at_once, renewed, first_look) == (set(), set(), set())
+    assert second_look == {child_id}

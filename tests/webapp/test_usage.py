@@ -10,17 +10,18 @@ from webapp.usage.services import usage_record_create
 pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
-def test_totals_sum_the_tokens_of_one_keys_records_only():
+def test_totals_sum_the_tokens_of_one_keys_ended_records_only_and_count_its_running_ones():
     owner = get_user_model().objects.create_user("alice")
     mine, _ = apikey_create(owner=owner, name="mine")
     other, _ = apikey_create(owner=owner, name="other")
-    for api_key, prompt, completion in ((mine, 10, 5), (mine, 7, 0), (other, 100, 100)):
-        usage_record_create(request_id=f"r{prompt}", endpoint="completions", status="ok", latency=0.5,
+    for api_key, prompt, completion, status in ((mine, 10, 5, "ok"), (mine, 7, 0, "error"), (mine, 50, 20, "running"),
+                                                (other, 100, 100, "ok")):
+        usage_record_create(request_id=f"r{prompt}", endpoint="completions", status=status, latency=0.5,
                             api_key=api_key, user=owner, model_name="tiny", prompt_tokens=prompt,
                             completion_tokens=completion, cached_prompt_tokens=prompt // 2)
 
     assert usage_totals(api_key=mine) == {"requests": 2, "prompt_tokens": 17, "completion_tokens": 5,
-                                          "cached_prompt_tokens": 8}
+                                          "cached_prompt_tokens": 8, "running": 1}
     assert usage_list(api_key=other).get().prompt_tokens == 100
 
 

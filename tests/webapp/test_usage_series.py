@@ -102,7 +102,7 @@ def test_page_csv_and_chart_agree_after_the_purge(client, records):
     cells = [re.findall(r"<td>([^<]*)</td>", row) for row in body.split("</tr>") if "<td>" in row]
     series = json.loads(re.search(r'id="usage-series-data"[^>]*>(.*?)</script>', page, re.S).group(1))
 
-    assert table[1:] == [["gone", "2", "0", "107", "58", "0", "165"], ["tiny", "4", "2", "45", "47", "0", "92"]]
+    assert table[1:] == [["gone", "2", "0", "107", "58", "0", "165", "0"], ["tiny", "4", "2", "45", "47", "0", "92", "0"]]
     assert cells == table[1:]
     assert {name: sum(tokens) for name, tokens in series["models"].items()} == {"gone": 165, "tiny": 92}
     assert 'id="usage-chart"' in page and "vendor/uplot/uPlot.iife.min.js" in page
@@ -156,6 +156,6 @@ def test_usage_page_groups_by_end_user_and_says_purged_days_are_left_out(client,
     assert "<th>End user</th>" in page and 'id="raw-only"' in page and 'id="raw-only"' not in by_model
     assert table[0][0] == "end_user"
     # "(none)": prompts 10 + 4 + 100 + 1 + 30 + 7, completions 5 + 0 + 50 + 2 + 40 + 8
-    assert table[1:] == cells == [["(none)", "6", "2", "152", "105", "0", "257"],
-                                  ["bob", "1", "0", "50", "50", "0", "100"],
-                                  ["alice", "2", "1", "7", "8", "0", "15"]]
+    assert table[1:] == cells == [["(none)", "6", "2", "152", "105", "0", "257", "0"],
+                                  ["bob", "1", "0", "50", "50", "0", "100", "0"],
+                                  ["alice", "2", "1", "7", "8", "0", "15", "0"]]

@@ -107,6 +107,22 @@ async def test_embedded_errors_name_the_parameter(client):
     assert nobody[0].error.code == "no_worker"
 
 
+@pytest.mark.asyncio
+async def test_the_worker_scopes_the_prefix_cache_to_the_requests_tenant(client):
+    prompt = list(range(400, 441))  # two full blocks of 16 before the last token
+
+    async def cached_tokens(tenant: str, shared_prefix_len: int = 0) -> int:
+        req = request(prompt, greedy(1))
+        req.tenant, req.shared_prefix_len = tenant, shared_prefix_len
+        return [c async for c in client.generate(req)][-1].num_cached_tokens
+
+    a, b, a_again = [await cached_tokens(t) for t in ("user:1", "user:2", "user:1")]
+    shared = [await cached_tokens(t, shared_prefix_len=16) for t in ("user:3", "user:4")]
+
+    assert (a, b, a_again) == (0, 0, 32)
+    assert shared == [0, 16]  # the first block is marked shared; the second stays each tenant's
+
+
 def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_llama_dir, tiny_settings):
     before = [w.worker_id for w in client.live_workers(MODEL)]
 

@@ -64,8 +64,8 @@ def test_messages_round_trip_through_json():
     chunk = Chunk("r1", "héllo", [1, 2], [{"token_id": 1, "logprob": -0.5, "top": [[1, -0.5]]}],
                   True, None, 3, 2, 0, 0.25, ErrorInfo("worker_lost", "gone"), version="7")
     reply = Reply("chunk", "w1", chunk)
-    request = GenerateRequest("r1", "m", [1, 2], {"temperature": 0}, priority=2, reply_to="x",
-                              tenant="user:3", tenant_weight=2.5)
+    request = GenerateRequest("r1", "m", [1, 2], {"temperature": 0}, priority=2, reply_to="x", tenant="user:7",
+                              tenant_weight=2.5, shared_prefix_len=2)
     info = WorkerInfo("w1", "m", "v", "h", 1, 2.0, 3.0, 8, 256, {"num_running": 1}, draining=True)
 
     assert Reply.from_dict(json.loads(json.dumps(reply.to_dict()))) == reply
@@ -77,17 +77,26 @@ def test_messages_round_trip_through_json():
     {"model": "m", "prompt_token_ids": [1], "params": {}},  # no request_id
     {"request_id": "", "model": "m", "prompt_token_ids": [1], "params": {}},
     ["not", "an", "object"],
-    {"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}, "tenant": 3},
-    {"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}, "tenant_weight": 0},
-    {"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}, "tenant_weight": float("inf")},
-    {"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}, "tenant_weight": "2"},
-    {"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}, "tenant_weight": True},
 ])
 def test_malformed_requests_are_refused(data):
     with pytest.raises(ProtocolError):
         GenerateRequest.from_dict(data)
 
 
-def test_a_request_without_a_tenant_is_the_engines_one_tenant():
+def test_a_request_without_tenancy_fields_is_the_engines_single_tenant():
     request = GenerateRequest.from_dict({"request_id": "r", "model": "m", "prompt_token_ids": [1], "params": {}})
-    assert (request.tenant, request.tenant_weight) == ("", 1.0)
+
+    assert (request.tenant, request.tenant_weight, request.shared_prefix_len) == ("", 1.0, 0)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("tenant", 7), ("tenant", None),
+    ("tenant_weight", 0), ("tenant_weight", -1.5), ("tenant_weight", float("nan")), ("tenant_weight", float("inf")),
+    ("tenant_weight", "2"), ("tenant_weight", True),
+    ("shared_prefix_len", -1), ("shared_prefix_len", 4), ("shared_prefix_len", 1.5), ("shared_prefix_len", True),
+])
+def test_a_bad_tenancy_field_is_refused_naming_it(field, value):
+    data = {"request_id": "r", "model": "m", "prompt_token_ids": [1, 2, 3], "params": {}, field: value}
+
+    with pytest.raises(ProtocolError, match=field):
+        GenerateRequest.from_dict(json.loads(json.dumps(data)))

@@ -1,6 +1,6 @@
 """One batch line through the API's own generation path, and the output line it leaves.
 
-The steps are the ones a ``POST /v1/chat/completions`` takes (webapp/openai_api/views.py and
+The steps are the ones a ``POST /v1/chat/completions`` takes (webapp/openai_api/lifecycle.py and
 generation.py), through the same service functions: the body checked by the endpoint's
 InputSerializer, ``generation_admit`` (the key's concurrency, request-rate and budget limits),
 ``generation_prepare`` (model scope, tokenizing, the worst case reserved against the key), the
@@ -30,6 +30,7 @@ from webapp.openai_api import errors
 from webapp.openai_api.responses import completion_body
 from webapp.openai_api.services import (CHAT, COMPLETIONS, Generation, generation_admit, generation_finish,
                                         generation_prepare, new_request_id, request_refused)
+from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE, SERVER_OVERLOADED, WORKER_LOST
@@ -133,12 +134,15 @@ async def collect(running: Running) -> bool:
     if running.cancelled.is_set():
         return True
     chunks = get_engine_client(settings.REDIS_URL).generate(running.generation.engine_request())
+    get_checkpoints().watch(running.generation.request_id, running.outcome, running.generation.started)
     try:
         async with aclosing(chunks):  # closing early aborts the request in the engine
             async for chunk in chunks:
                 running.outcome.add(chunk)
     except asyncio.CancelledError:
         return True
+    finally:
+        get_checkpoints().unwatch(running.generation.request_id)
     return False
 
 

@@ -12,5 +12,5 @@ class ModelChatDefaultsAdmin(admin.ModelAdmin):
 
 @admin.register(SystemPromptPreset)
 class SystemPromptPresetAdmin(admin.ModelAdmin):
-    list_display = ("name", "user")
-    list_filter = ("user",)
+    list_display = ("name", "user", "is_prefix_shared")
+    list_filter = ("user", "is_prefix_shared")

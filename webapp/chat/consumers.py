@@ -45,10 +45,11 @@ from webapp.chat.boards import get_answer_board
 from webapp.chat.documents import MAX_DOCUMENT_FRAME_BYTES
 from webapp.chat.selectors import conversation_get, message_path_dicts, message_to_dict, preset_list
 from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_AFTER_S, ChatInputError,
-                                  conversation_switch, preset_delete, preset_save, turn_prepare)
+                                  conversation_switch, preset_delete, preset_save, turn_finish, turn_prepare)
 from webapp.config.shutdown import shutting_down
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
+from webapp.usage.outcome import Outcome
 
 logger = logging.getLogger(__name__)
 NOT_AUTHENTICATED = 4401  # close code the page reads as "log in again"
@@ -194,8 +195,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         finally:
             self.board.unclaim(claim)
-        path = await database_sync_to_async(message_path_dicts)(conversation=turn.conversation,
-                                                                leaf=turn.user_message)
+        try:
+            path = await database_sync_to_async(message_path_dicts)(conversation=turn.conversation,
+                                                                    leaf=turn.user_message)
+        except BaseException:  # the turn holds its limits and a running usage record: end them
+            await asyncio.shield(database_sync_to_async(turn_finish)(turn=turn, outcome=Outcome(), aborted=True))
+            raise
         start_frame = {"type": "start", "request_id": turn.request_id, "model": turn.model.slug,
                        "conversation": {"id": turn.conversation.pk, "title": turn.conversation.title},
                        "user_message": message_to_dict(turn.user_message), "path": path}

@@ -187,8 +187,8 @@ def _newest_answer_id(question_id: int) -> int:
 
 
 def _stored(request_id: str, question_id: int, baseline: int) -> dict | None:
-    """The finished turn's last frame, from the database; None while it has no usage record."""
-    record = UsageRecord.objects.filter(request_id=request_id).first()
+    """The finished turn's last frame, from the database; None while its usage record runs (or is not written)."""
+    record = UsageRecord.objects.filter(request_id=request_id).exclude(status=UsageRecord.Status.RUNNING).first()
     if record is None:
         return None
     answer = (Message.objects.filter(parent_id=question_id, role=Message.Role.ASSISTANT, pk__gt=baseline)

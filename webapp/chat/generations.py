@@ -28,6 +28,7 @@ from django.conf import settings
 from webapp.chat.selectors import Tree
 from webapp.chat.services import Turn, turn_finish
 from webapp.config.shutdown import track
+from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER
@@ -137,6 +138,7 @@ async def _run(generation: Generation, on_stored: Callable[[Generation], None]) 
     first_at = None
     first_tokens = 0
     aborted = False
+    get_checkpoints().watch(turn.request_id, outcome, turn.started)
     try:
         chunks = get_engine_client(settings.REDIS_URL).generate(turn.engine_request())
         async with aclosing(chunks):
@@ -158,6 +160,7 @@ async def _run(generation: Generation, on_stored: Callable[[Generation], None]) 
         # Shielded: a second cancel (stop, then the drain) must not lose the saved answer.
         message = await asyncio.shield(database_sync_to_async(_finish)(turn, outcome, aborted))
     finally:
+        get_checkpoints().unwatch(turn.request_id)
         on_stored(generation)  # stored: a page loaded from now on shows it
     generation.broadcast(_last_frame(turn, outcome, message, aborted, first_at, first_tokens, ended))
 

@@ -91,15 +91,30 @@ class ModelChatDefaults(models.Model):
 
 
 class SystemPromptPreset(models.Model):
-    """A named system prompt: the user's own, or everyone's when ``user`` is empty (made by staff)."""
+    """A named system prompt: the user's own, or everyone's when ``user`` is empty (made by staff).
+
+    The engine's prefix cache is scoped to each user; staff may mark one of everyone's presets
+    ``is_prefix_shared`` so that its cached blocks serve every user (webapp/chat/prefix_sharing.py).
+    """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
                              related_name="system_prompt_presets")
     name = models.CharField(max_length=80)
     text = models.TextField()
+    is_prefix_shared = models.BooleanField(
+        "share its prefix cache", default=False,
+        help_text="Let every user's request that begins with exactly this system prompt (chat page or API) "
+                  "reuse the engine's cached blocks of it. Anyone can then tell that someone used it recently "
+                  "(from cached_tokens or a faster first token), never what followed it.")
 
     class Meta:
         ordering = ["name", "id"]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        if self.is_prefix_shared and self.user_id is not None:
+            raise ValidationError({"is_prefix_shared": "Only everyone's presets (no user) can share their cache."})

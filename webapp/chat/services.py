@@ -17,6 +17,7 @@ from django.db import transaction
 
 from webapp.chat.documents import DocumentError, documents_clean, prompt_text
 from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
+from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
@@ -25,12 +26,13 @@ from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import FAIR_SHARE_WEIGHT_DEFAULT, ChatLimits
 from webapp.keys.selectors import chatlimits_allows_model
 from webapp.keys.services import chatlimits_get_or_create
+from webapp.keys.tenancy import user_tenant
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
-from webapp.usage.models import UsageRecord
+from webapp.usage.models import CHAT_REQUEST_PREFIX, UsageRecord
 from webapp.usage.outcome import Outcome
-from webapp.usage.services import usage_record_finish
+from webapp.usage.services import usage_record_finish, usage_record_start
 from workers.protocol import GenerateRequest
 
 TITLE_LENGTH = 60
@@ -66,12 +68,16 @@ class Turn:
     started: float  # time.monotonic()
     limits: ChatLimits | None = None  # what the turn holds until turn_finish settles it
     is_finished: bool = False
+    shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt
 
     def engine_request(self) -> GenerateRequest:
+        # The logged-in user, never the page's message: the engine scopes its prefix cache to them,
+        # and shares itself between users at the weight of their chat limits.
         weight = self.limits.fair_share_weight if self.limits else FAIR_SHARE_WEIGHT_DEFAULT
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
                                prompt_token_ids=self.prompt_token_ids, params=self.params,
-                               tenant=f"user:{self.user.id}", tenant_weight=weight)
+                               tenant=user_tenant(self.user.pk), tenant_weight=weight,
+                               shared_prefix_len=self.shared_prefix_len)
 
 
 def conversation_create(*, user, title: str = "") -> Conversation:
@@ -240,7 +246,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise ChatInputError("invalid_parameter", exc.message, exc.param) from None
     system_prompt = _text(data, "system_prompt", limits.max_message_chars)
     tokenizer = load_tokenizer(version.tokenizer_dir)
-    request_id = "chat-" + uuid.uuid4().hex
+    request_id = CHAT_REQUEST_PREFIX + uuid.uuid4().hex
     try:
         limits_admit(subject=limits, request_id=request_id)
     except (LimitExceeded, LimitStoreUnavailable) as exc:
@@ -263,12 +269,15 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
                 prompt_ids = tokenizer.apply_chat_template(history)
             except ChatTemplateError as exc:
                 raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
+            num_shared = shared_prefix_len(tokenizer=tokenizer, messages=history, prompt_ids=prompt_ids)
             max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             _check_fits(prompt_ids, params["max_tokens"], max_model_len, user_message, slug)
             try:  # last, so that a refusal also takes back the saved message
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
                     num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
                     max_model_len=max_model_len))
+                usage_record_start(request_id=request_id, endpoint=ENDPOINT, started=started, model=version.model,
+                                   version=version, num_prompt_tokens=len(prompt_ids), user=user)
             except (LimitExceeded, LimitStoreUnavailable) as exc:
                 raise _refused(exc) from exc
     except BaseException:
@@ -276,22 +285,21 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise
     return Turn(request_id=request_id, user=user, conversation=conversation,
                 user_message=user_message, model=version.model, version=version, prompt_token_ids=prompt_ids,
-                params=params, started=started, limits=limits)
+                params=params, started=started, limits=limits, shared_prefix_len=num_shared)
 
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
-    """Save the answer (a stopped one keeps what had arrived) and its usage record, and settle
-    what the turn held under the user's limits (once: a second call does nothing)."""
+    """Save the answer (a stopped one keeps what had arrived) and complete its usage record, which
+    settles what the turn held under the user's limits (once: a second call does nothing)."""
     if turn.is_finished:
         return None
     turn.is_finished = True
-    record = None
     try:
         with transaction.atomic():
             record = usage_record_finish(
                 request_id=turn.request_id, endpoint=ENDPOINT, started=turn.started, outcome=outcome,
                 model=turn.model, version=turn.version, num_prompt_tokens=len(turn.prompt_token_ids), user=turn.user,
-                aborted=aborted)
+                limits=turn.limits, aborted=aborted)
             if not outcome.text and record.status != UsageRecord.Status.OK:
                 return None
             finish_reason = {UsageRecord.Status.ABORTED: "abort", UsageRecord.Status.ERROR: ""}.get(
@@ -303,7 +311,7 @@ def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Messa
                 finish_reason=finish_reason)
             Conversation.objects.filter(pk=turn.conversation.pk).update(current_leaf=answer)
             return answer
-    finally:
+    except BaseException:  # rolled back, the settling too: free what the turn holds
         if turn.limits is not None:
-            tokens = record.prompt_tokens + record.completion_tokens if record is not None else 0
-            limits_release(subject=turn.limits, request_id=turn.request_id, tokens=tokens)
+            limits_release(subject=turn.limits, request_id=turn.request_id)
+        raise

@@ -11,6 +11,11 @@ within the lease's ttl, not after SLOT_TTL_S).
 
 Embedded mode has one web process, so a lease is only this process's id: what a previous run of
 the server left behind (a reservation row in the database) names a process that is gone.
+
+Taking back a slot may be early at no cost; closing a usage record as lost may not (its request
+is aborted in the engine): ``RedisLease.gone`` calls a process dead only when its lease has been
+missing at two looks at least GONE_CONFIRM_PERIODS renewals apart, so a lease that vanished with
+a restarted Redis, and is renewed within one period, never counts.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 LEASE_PREFIX = "pagoda:leases:"
+MISSING_PREFIX = "pagoda:leases-missing:"  # a process seen without its lease: since when (the key's age)
+MISSING_MARKER_TTL_S = 3600  # longer than any interval between two looks
+GONE_CONFIRM_PERIODS = 2  # renewal periods (ttl / 6) between the two looks that find a lease missing
 
 _lock = threading.Lock()
 _process: tuple[int, str] | None = None  # (pid, process id): a forked child makes its own
@@ -76,6 +84,23 @@ class RedisLease:
                 pipe.exists(self.key(process))
             answers = pipe.execute()
         return {p for p, n in zip(processes, answers) if n}
+
+    def gone(self, processes: set[str]) -> set[str]:
+        """Which of ``processes`` are dead: without a lease now, and already without one at an
+        earlier call at least GONE_CONFIRM_PERIODS renewal periods ago (measured by Redis's own
+        clock: the age of a marker key set at the first look)."""
+        alive = self.alive(processes)
+        missing = sorted(processes - alive)
+        marker_ttl_ms = MISSING_MARKER_TTL_S * 1000
+        with self._redis.pipeline(transaction=False) as pipe:
+            for process in alive:  # back (a Redis restart): the next loss is looked at afresh
+                pipe.delete(MISSING_PREFIX + process)
+            for process in missing:
+                pipe.set(MISSING_PREFIX + process, "1", nx=True, px=marker_ttl_ms)
+                pipe.pttl(MISSING_PREFIX + process)
+            answers = pipe.execute()[len(alive):] if alive or missing else []
+        confirm_ms = GONE_CONFIRM_PERIODS * self.ttl_s / 6 * 1000
+        return {p for p, left in zip(missing, answers[1::2]) if marker_ttl_ms - left >= confirm_ms}
 
 
 def _renew(lease_ref: weakref.ref, process: str, every_s: float) -> None:

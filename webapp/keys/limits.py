@@ -17,7 +17,8 @@ check side by side:
   names the process that took it (webapp.keys.leases): a full set first drops the slots of
   processes whose lease has lapsed (killed web processes), and every slot expires after SLOT_TTL_S.
 - ``lease()``: this process's id, its lease renewed; ``processes_alive(ids)``: which of these
-  process ids hold a lease (budget reservations name their process with them).
+  process ids hold a lease (budget reservations name their process with them);
+  ``processes_gone(ids)``: which are dead for certain (RedisLease.gone: the usage reconciler's).
 
 Redis unreachable (down, restarting, a partition; RedisLimitStore only): an operation that takes
 something (``window_reserve``, ``window_total``, ``slot_take``, ``slot_count``) raises
@@ -128,6 +129,9 @@ class MemoryLimitStore:
     def processes_alive(self, processes: set[str]) -> set[str]:
         """The only web process of embedded mode is this one: any other id is a run that ended."""
         return processes & {process_id()}
+
+    def processes_gone(self, processes: set[str]) -> set[str]:
+        return processes - {process_id()}
 
 
 # KEYS[1] sorted set holder -> taken-at, KEYS[2] hash holder -> amount; ARGV: holder, amount, limit,
@@ -311,6 +315,9 @@ class RedisLimitStore:
 
     def processes_alive(self, processes: set[str]) -> set[str]:
         return self._call(self._lease.alive, processes)
+
+    def processes_gone(self, processes: set[str]) -> set[str]:
+        return self._call(self._lease.gone, processes)
 
 
 _store = None

@@ -27,6 +27,7 @@ from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.responses import DONE, StreamFormatter, completion_body, sse
 from webapp.openai_api.services import Generation, generation_finish, generation_prepare
+from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
 from workers.connect import get_engine_client
 from workers.protocol import Chunk
@@ -41,6 +42,7 @@ async def generation_respond(*, request_id: str, endpoint: str, api_key: ApiKey,
     gen = await sync_to_async(generation_prepare)(request_id=request_id, endpoint=endpoint, api_key=api_key,
                                                   values=values, started=started)
     outcome = Outcome()
+    get_checkpoints().watch(request_id, outcome, started)  # until _finish
     chunks = get_engine_client(settings.REDIS_URL).generate(gen.engine_request())
     track(request_id, asyncio.current_task(), cut=lambda: _cut(gen, outcome))
     response = await (_stream(gen, chunks, outcome) if gen.stream else _complete(gen, chunks, outcome))
@@ -58,6 +60,7 @@ async def _finish(gen: Generation, outcome: Outcome, *, aborted: bool = False,
     try:
         await sync_to_async(generation_finish)(generation=gen, outcome=outcome, aborted=aborted, error=error)
     finally:
+        get_checkpoints().unwatch(gen.request_id)
         untrack(gen.request_id)
 
 

@@ -97,6 +97,7 @@ async def _account(call: _Call, error: errors.OpenAIError | None) -> None:
         record = await sync_to_async(request_refused_record)(
             request_id=call.request_id, endpoint=call.endpoint, api_key=call.api_key, data=call.body,
             error=error, started=call.started)
-        await usage_record_save(record)
+        if record is not None:  # None: its running record was ended instead
+            await usage_record_save(record)
     finally:
         untrack(call.request_id, entry)

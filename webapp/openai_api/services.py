@@ -15,8 +15,10 @@ from webapp.keys.enforcement import (LimitExceeded, PriorityNotAllowed, apikey_a
                                      apikey_release, apikey_reserve, worst_case_tokens)
 from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ApiKey
+from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
+from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
@@ -26,7 +28,7 @@ from webapp.registry.selectors import modelversion_get_active
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.outcome import Outcome
-from webapp.usage.services import usage_record_build, usage_record_finish
+from webapp.usage.services import usage_record_build, usage_record_close, usage_record_finish, usage_record_start
 from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
@@ -64,16 +66,19 @@ class Generation:
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1  # choices (samples of the prompt)
     tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
+    shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.endpoint == CHAT else "prompt"
 
     def engine_request(self) -> GenerateRequest:
+        # The key's owner, never the body: the engine scopes its prefix cache to this tenant and
+        # shares itself between tenants at the key's weight.
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
                                prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
-                               n=self.n, tenant=f"user:{self.api_key.owner_id}",
-                               tenant_weight=self.api_key.fair_share_weight)
+                               n=self.n, tenant=user_tenant(self.api_key.owner_id),
+                               tenant_weight=self.api_key.fair_share_weight, shared_prefix_len=self.shared_prefix_len)
 
 
 def api_key_from_header(authorization: str | None) -> ApiKey:
@@ -131,13 +136,16 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    num_shared = 0
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
         logprobs = (values.get("top_logprobs") or 0) if values.get("logprobs") else None
+        messages = template_messages(values["messages"], values.get("tool_plan"))
         try:
-            prompt_ids = tokenizer.apply_chat_template(template_messages(values["messages"], values.get("tool_plan")))
+            prompt_ids = tokenizer.apply_chat_template(messages)
         except ChatTemplateError as exc:
             raise errors.invalid_parameter("messages", str(exc)) from exc
+        num_shared = shared_prefix_len(tokenizer=tokenizer, messages=messages, prompt_ids=prompt_ids)
     else:
         max_tokens = values.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = values.get("logprobs")
@@ -159,13 +167,20 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
     apikey_mark_used(api_key=api_key)
+    try:  # the request is accounted for from now on, even if this process dies before it ends
+        usage_record_start(request_id=request_id, endpoint=endpoint, started=started, model=version.model,
+                           version=version, num_prompt_tokens=len(prompt_ids), api_key=api_key, user=api_key.owner,
+                           end_user=values.get("user") or "")
+    except LimitStoreUnavailable as exc:
+        logger.warning("request %s refused: %s", request_id, exc)
+        raise errors.limits_unavailable() from exc
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
         tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"))
+        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
@@ -212,26 +227,34 @@ def request_refused(*, request_id: str, endpoint: str, api_key: ApiKey, data, er
     whose client went away before it did (``error`` None: aborted); frees what admission took."""
     record = request_refused_record(request_id=request_id, endpoint=endpoint, api_key=api_key, data=data,
                                     error=error, started=started)
+    if record is None:
+        return UsageRecord.objects.get(request_id=request_id)
     record.save()
     return record
 
 
 def request_refused_record(*, request_id: str, endpoint: str, api_key: ApiKey, data,
-                           error: errors.OpenAIError | None, started: float) -> UsageRecord:
+                           error: errors.OpenAIError | None, started: float) -> UsageRecord | None:
     """``request_refused`` but for the record's insert: it is returned validated and unsaved (the
-    API's views save it with webapp.usage.group_commit)."""
+    API's views save it with webapp.usage.group_commit); None when the request had its running
+    record already (it was cancelled between that and the engine): that record is ended here."""
     model_name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
     end_user = data.get("user") if isinstance(data, dict) and isinstance(data.get("user"), str) else ""
     model = Model.objects.filter(slug=model_name).first()
-    apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     latency = time.monotonic() - started
     # Metric labels only name registered models: a client's typo must not add a time series.
     status = UsageRecord.Status.ERROR if error is not None else UsageRecord.Status.ABORTED
+    error_code = (error.code or "invalid_request") if error is not None else ""
     observe_api_request(model=model.slug if model else "", endpoint=endpoint, status=status,
-                        latency=latency, time_to_first_token=None,
-                        error_code=(error.code or "invalid_request") if error is not None else None)
+                        latency=latency, time_to_first_token=None, error_code=error_code or None)
+    # A read first: the refusals of a burst must not each take SQLite's write lock for nothing.
+    if UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING).exists() and \
+            usage_record_close(request_id=request_id, subject=api_key, fields=dict(
+                status=status, latency=latency, prompt_tokens=0, completion_tokens=0, cached_prompt_tokens=0,
+                time_to_first_token=None, finish_reason="", error_code=error_code)):
+        return None
+    apikey_release(api_key=api_key, request_id=request_id)  # no-op unless admitted
     return usage_record_build(
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
-        error_code=(error.code or "invalid_request") if error is not None else "",
-        end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
+        error_code=error_code, end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")

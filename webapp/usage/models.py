@@ -1,4 +1,11 @@
-"""Usage accounting: what each request cost and how it ended."""
+"""Usage accounting: what each request cost and how it ended.
+
+A request that reaches a worker has its record written as it is sent there, ``running``, naming
+the process that runs it; the same row is completed when the request ends. A record still
+``running`` whose process has lost its lease (killed: webapp/keys/leases.py) is closed by the
+reconciler (webapp/usage/reconcile.py) with the counts its worker reported. Running records are
+no request yet to the totals, the roll-ups and the budgets: each counts once, when it ends.
+"""
 
 from django.conf import settings
 from django.db import models
@@ -7,9 +14,14 @@ from django.utils import timezone
 from webapp.keys.models import ApiKey
 from webapp.registry.models import Model, ModelVersion
 
+# The request ids of chat turns (the API's are "chatcmpl-..." and "cmpl-..."): a record with no key
+# whose id starts so was a chat turn, charged to its user's ChatLimits.
+CHAT_REQUEST_PREFIX = "chat-"
+
 
 class UsageRecord(models.Model):
     class Status(models.TextChoices):
+        RUNNING = "running"  # sent to a worker, not ended yet
         OK = "ok"
         ERROR = "error"
         ABORTED = "aborted"  # the client went away before the end
@@ -40,10 +52,15 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=16, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The process that runs the request (webapp.keys.leases.process_id), while it is running.
+    process_id = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["api_key", "created_at"]), models.Index(fields=["model", "created_at"])]
+        indexes = [models.Index(fields=["api_key", "created_at"]), models.Index(fields=["model", "created_at"]),
+                   # The reconciler's scan: the few running rows among every record kept.
+                   models.Index(fields=["created_at"], condition=models.Q(status="running"),
+                                name="usage_record_running")]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_name} {self.status}"
@@ -58,7 +75,7 @@ class UsageDaily(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                              related_name="daily_usage")
     model_slug = models.CharField(max_length=200, blank=True)  # the registry slug, else the name asked for
-    requests = models.PositiveIntegerField(default=0)
+    requests = models.PositiveIntegerField(default=0)  # ended ones: a running record waits for its end
     errors = models.PositiveIntegerField(default=0)  # every status but ok
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)

@@ -1,4 +1,8 @@
-"""Reads of usage: raw records, and daily roll-ups for the days whose raw records were purged."""
+"""Reads of usage: raw records, and daily roll-ups for the days whose raw records were purged.
+
+A ``running`` record (its request not ended yet) is in no total but its own column: its request,
+its tokens and its outcome count once it ends, as the roll-ups and the budgets count them.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +23,22 @@ def usage_list(*, api_key=None, model=None) -> QuerySet[UsageRecord]:
     return records
 
 
+RUNNING = Q(status=UsageRecord.Status.RUNNING)
+ENDED = ~RUNNING
+
+
+def _sums() -> dict:
+    """The totals of a group of raw records: ended requests, errors (every end but ok), their
+    tokens; and the requests still running."""
+    return dict(requests=Count("id", filter=ENDED), errors=Count("id", filter=ENDED & ~Q(status=UsageRecord.Status.OK)),
+                prompt_tokens=Sum("prompt_tokens", filter=ENDED), completion_tokens=Sum("completion_tokens", filter=ENDED),
+                cached_prompt_tokens=Sum("cached_prompt_tokens", filter=ENDED), running=Count("id", filter=RUNNING))
+
+
 def usage_totals(*, api_key=None, model=None) -> dict:
-    """Requests and token sums over the records selected as in usage_list."""
-    totals = usage_list(api_key=api_key, model=model).aggregate(
-        requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-        cached_prompt_tokens=Sum("cached_prompt_tokens"))
-    return {key: value or 0 for key, value in totals.items()}
+    """Requests and token sums over the records selected as in usage_list (ended ones), and how many run."""
+    totals = usage_list(api_key=api_key, model=model).aggregate(**_sums())
+    return {key: value or 0 for key, value in totals.items() if key != "errors"}
 
 
 GROUPS = {  # group name -> (fields grouped by, label of the row)
@@ -37,7 +51,7 @@ GROUPS = {  # group name -> (fields grouped by, label of the row)
 # UsageDaily has no end_user: grouped by end user, purged days are left out (raw records only).
 RAW_ONLY_GROUPS = frozenset({"end_user"})
 TOTAL_COLUMNS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-                 "total_tokens")
+                 "total_tokens", "running")
 
 
 # Where each grouped-by field comes from: raw records (annotated in _raw) and daily roll-ups. A
@@ -46,7 +60,8 @@ TOTAL_COLUMNS = ("requests", "errors", "prompt_tokens", "completion_tokens", "ca
 _RAW_FIELD = {"api_key__prefix": "api_key__prefix", "api_key__name": "api_key__name",
               "user__username": "user__username", "model_name": "slug", "day": "day", "end_user": "end_user"}
 _DAILY_FIELD = {**{f: v for f, v in _RAW_FIELD.items() if f != "end_user"}, "model_name": "model_slug"}
-_SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+_SUMMED_DAILY = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+_SUMMED = (*_SUMMED_DAILY, "running")  # the roll-ups have ended requests only
 
 
 def _day_start(day: date) -> datetime:
@@ -67,10 +82,7 @@ def _raw(fields: tuple[str, ...], since, until) -> list[dict]:
         records = records.filter(created_at__lt=until)
     records = records.annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc),
                                slug=Coalesce("model__slug", "model_name"))
-    return list(records.values(*(_RAW_FIELD[f] for f in fields)).order_by()
-                .annotate(requests=Count("id"), errors=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
-                          prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-                          cached_prompt_tokens=Sum("cached_prompt_tokens")))
+    return list(records.values(*(_RAW_FIELD[f] for f in fields)).order_by().annotate(**_sums()))
 
 
 def _rolled_up(fields: tuple[str, ...], since, until) -> list[dict]:
@@ -89,7 +101,7 @@ def _rolled_up(fields: tuple[str, ...], since, until) -> list[dict]:
                    .annotate(day=TruncDate("created_at", tzinfo=dt_timezone.utc))
                    .values_list("day", flat=True).distinct())
     return list(daily.exclude(day__in=with_raw).values(*(_DAILY_FIELD[f] for f in fields)).order_by()
-                .annotate(**{column: Sum(column) for column in _SUMMED}))
+                .annotate(**{column: Sum(column) for column in _SUMMED_DAILY}))
 
 
 def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
@@ -102,7 +114,7 @@ def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
             key = tuple(row[source[f]] for f in fields)
             total = merged.setdefault(key, {**dict(zip(fields, key)), **dict.fromkeys(_SUMMED, 0)})
             for column in _SUMMED:
-                total[column] += row[column] or 0
+                total[column] += row.get(column) or 0
     for total in merged.values():
         total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     return list(merged.values())

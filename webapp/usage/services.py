@@ -14,7 +14,8 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
-from webapp.keys.enforcement import apikey_release
+from webapp.keys.enforcement import limits_release
+from webapp.keys.limits import get_limit_store
 from webapp.monitoring.metrics import observe_api_request
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.selectors import modelversion_served
@@ -35,16 +36,27 @@ def usage_record_build(*, request_id: str, endpoint: str, status: str, latency: 
                        user=None, model=None, version=None, model_name: str = "", prompt_tokens: int = 0,
                        completion_tokens: int = 0, cached_prompt_tokens: int = 0,
                        time_to_first_token: float | None = None, finish_reason: str | None = None,
-                       error_code: str | None = None, end_user: str = "") -> UsageRecord:
+                       error_code: str | None = None, end_user: str = "", process_id: str = "") -> UsageRecord:
     """A validated usage record, not yet saved (webapp.usage.group_commit saves many at once)."""
     record = UsageRecord(
         api_key=api_key, user=user, model=model, version=version, model_name=model_name, end_user=end_user,
         request_id=request_id, endpoint=endpoint, prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
         time_to_first_token=time_to_first_token, latency=latency, status=status,
-        finish_reason=finish_reason or "", error_code=error_code or "")
+        finish_reason=finish_reason or "", error_code=error_code or "", process_id=process_id)
     record.full_clean(exclude=["api_key", "user", "model", "version"])  # links were just loaded
     return record
+
+
+def usage_record_start(*, request_id: str, endpoint: str, started: float, model: Model, version: ModelVersion,
+                       num_prompt_tokens: int, api_key=None, user=None, end_user: str = "") -> UsageRecord:
+    """The ``running`` record of a request about to be sent to a worker (API request, batch line or
+    chat turn), naming this process with its lease renewed (LimitStoreUnavailable if it cannot be),
+    so that the request is accounted for even if this process dies before it ends."""
+    return usage_record_create(
+        request_id=request_id, endpoint=endpoint, status=UsageRecord.Status.RUNNING, latency=monotonic() - started,
+        api_key=api_key, user=user, model=model, version=version, model_name=model.slug,
+        prompt_tokens=num_prompt_tokens, end_user=end_user, process_id=get_limit_store().lease())
 
 
 def usage_status(*, outcome: Outcome, aborted: bool = False, error_code: str | None = None) -> str:
@@ -56,15 +68,40 @@ def usage_status(*, outcome: Outcome, aborted: bool = False, error_code: str | N
     return UsageRecord.Status.OK
 
 
+def usage_record_close(*, request_id: str, fields: dict, subject=None, record: dict | None = None) -> bool:
+    """End a request's ``running`` record with ``fields`` and charge its tokens to ``subject`` (an
+    ApiKey or ChatLimits: its slot freed, its reservation settled), in one transaction; False, and
+    nothing charged, when the record has ended already (whoever ends it charges it, once).
+    Without a running record (one started before this version of Pagoda ran), ``record`` holds
+    the rest of usage_record_build's fields and a finished one is written."""
+    with transaction.atomic():
+        closed = UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING).update(
+            **fields, process_id="")
+        if not closed:
+            if record is None or UsageRecord.objects.filter(request_id=request_id).exists():
+                return False
+            usage_record_create(request_id=request_id, **record, **fields)
+        if subject is not None:
+            limits_release(subject=subject, request_id=request_id,
+                           tokens=fields["prompt_tokens"] + fields["completion_tokens"])
+    created = UsageRecord.objects.filter(request_id=request_id).values_list("created_at", flat=True).first()
+    if created is not None and created < _day_bounds(timezone.now().date())[0]:
+        usage_rollup_day(day=created.date())  # it began before midnight (UTC): its day's roll-up changed
+    return True
+
+
 def usage_record_finish(*, request_id: str, endpoint: str, started: float, outcome: Outcome, model: Model,
-                        version: ModelVersion, num_prompt_tokens: int, api_key=None, user=None,
+                        version: ModelVersion, num_prompt_tokens: int, api_key=None, user=None, limits=None,
                         end_user: str = "", aborted: bool = False, error_code: str | None = None) -> UsageRecord:
-    """Account for a generation that reached a worker, however it ended (API request or chat turn).
+    """Account for a generation that reached a worker, however it ended (API request or chat turn):
+    its running record (usage_record_start) completed.
 
     Token counts are the engine's; ``num_prompt_tokens`` (the prompt as tokenized here) stands in
     when no chunk arrived and nothing failed. ``version`` is the version admitted: the record names
     the one that answered. ``error_code`` is a failure seen on the web side (the outcome's own error
-    counts too). With an ``api_key``, its concurrency slot is freed and the tokens are charged to it.
+    counts too). The tokens are charged to ``limits`` (a chat user's ChatLimits), else to the
+    ``api_key``, whose concurrency slot is freed. A record the reconciler closed meanwhile (this
+    process was taken for dead) stays as it is, charged once.
     """
     error_code = error_code or (outcome.error.code if outcome.error is not None else None)
     status = usage_status(outcome=outcome, aborted=aborted, error_code=error_code)
@@ -72,22 +109,23 @@ def usage_record_finish(*, request_id: str, endpoint: str, started: float, outco
     prompt_tokens = outcome.num_prompt_tokens
     if prompt_tokens is None:  # no chunk arrived: the engine never counted it
         prompt_tokens = 0 if error_code else num_prompt_tokens
-    if api_key is not None:
-        apikey_release(api_key=api_key, request_id=request_id, tokens=prompt_tokens + outcome.num_output_tokens)
+    fields = dict(status=status, latency=latency, prompt_tokens=prompt_tokens,
+                  completion_tokens=outcome.num_output_tokens, cached_prompt_tokens=outcome.num_cached_tokens,
+                  time_to_first_token=outcome.time_to_first_token,
+                  version=modelversion_served(admitted=version, served_label=outcome.served_version),
+                  finish_reason=(outcome.finish_reason if outcome.finished else None) or "",
+                  error_code=error_code or "")
+    if not usage_record_close(request_id=request_id, fields=fields, subject=limits or api_key, record=dict(
+            endpoint=endpoint, api_key=api_key, user=user, model=model, model_name=model.slug, end_user=end_user)):
+        logger.warning("request %s ended after its usage record was closed (its process was taken for dead); "
+                       "the record stays as it was", request_id, extra={"request_id": request_id})
     observe_api_request(model=model.slug, endpoint=endpoint, status=status, latency=latency,
                         time_to_first_token=outcome.time_to_first_token, error_code=error_code)
-    record = usage_record_create(
-        request_id=request_id, endpoint=endpoint, status=status, latency=latency, api_key=api_key, user=user,
-        model=model, version=modelversion_served(admitted=version, served_label=outcome.served_version),
-        model_name=model.slug, prompt_tokens=prompt_tokens, completion_tokens=outcome.num_output_tokens,
-        cached_prompt_tokens=outcome.num_cached_tokens, time_to_first_token=outcome.time_to_first_token,
-        finish_reason=outcome.finish_reason if outcome.finished else None, error_code=error_code,
-        end_user=end_user)
     # The id the client got in X-Request-Id, the worker logged its lines with, and the record holds.
     logger.info("request %s %s (%s): %s%s, %d + %d tokens in %.3f s", request_id, endpoint, model.slug, status,
                 f" {error_code}" if error_code else "", prompt_tokens, outcome.num_output_tokens, latency,
                 extra={"request_id": request_id})
-    return record
+    return UsageRecord.objects.filter(request_id=request_id).first()
 
 
 # Roll-ups and retention: raw records become one UsageDaily row per day, key, user and model, and
@@ -101,10 +139,12 @@ def _day_bounds(day: date) -> tuple[datetime, datetime]:
 
 @transaction.atomic
 def usage_rollup_day(*, day: date) -> list[UsageDaily]:
-    """Recompute ``day``'s UsageDaily rows from its raw records (delete, then insert); running it
-    again gives the same rows. A day whose raw records were already purged is left as it is."""
+    """Recompute ``day``'s UsageDaily rows from its ended raw records (delete, then insert); running
+    it again gives the same rows. A day whose raw records were already purged is left as it is."""
     start, end = _day_bounds(day)
-    records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+    # Running records count once they end (usage_record_close rolls their day up again then).
+    records = UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end).exclude(
+        status=UsageRecord.Status.RUNNING)
     if not records.exists():
         return list(UsageDaily.objects.filter(day=day))
     groups = (records.annotate(slug=Coalesce("model__slug", "model_name")).values("api_key", "user", "slug")
@@ -124,7 +164,8 @@ def usage_rollup_day(*, day: date) -> list[UsageDaily]:
 def usage_purge(*, older_than_days: int | None = None, today: date | None = None) -> int:
     """Delete raw records from days before ``today - older_than_days`` (default: the
     PAGODA_USAGE_RETENTION_DAYS setting) whose day is rolled up, i.e. whose UsageDaily rows count
-    exactly that day's records; other days are kept. Returns how many records were deleted."""
+    exactly that day's records (a day with a running record never is); other days are kept.
+    Returns how many records were deleted."""
     if older_than_days is None:
         older_than_days = settings.PAGODA_USAGE_RETENTION_DAYS
     if not isinstance(older_than_days, int) or older_than_days < 1:

@@ -4,8 +4,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 from engine.errors import ModelLoadError
 from engine.models.gguf_loader import unpermute_qk
@@ -70,17 +70,28 @@ GGUF_LAYER_NAMES = {
 }
 
 
-def write_gguf(path, arch, model, permute_qk):
-    """A float32 GGUF written the way llama.cpp's convert_hf_to_gguf.py writes it."""
+GEMMA3_LAYER_NAMES = {
+    **GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+}
+
+
+def write_gguf(path, arch, model, permute_qk, extra=None, layer_names=GGUF_LAYER_NAMES):
+    """A float32 GGUF written the way llama.cpp's convert_hf_to_gguf.py writes it (Gemma's norm
+    weights plus one); extra(writer) adds more (metadata, tensors) before it is written."""
     config = model.config
     writer = gguf.GGUFWriter(path, arch)
+    if extra is not None:
+        extra(writer)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters  # Gemma 3: per layer type; the GGUF's base is the global one
+    writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     writer.add_bos_token_id(1)
@@ -94,15 +105,19 @@ def write_gguf(path, arch, model, permute_qk):
         elif name == "model.norm.weight":
             gguf_name = "output_norm.weight"
         elif name == "lm_head.weight":
+            if config.tie_word_embeddings:
+                continue  # llama.cpp writes no output.weight for a tied head
             gguf_name = "output.weight"
         else:
             _, _, layer, *module, kind = name.split(".")
             module = ".".join(module)
-            gguf_name = f"blk.{layer}.{GGUF_LAYER_NAMES[module]}.{kind}"
+            gguf_name = f"blk.{layer}.{layer_names[module]}.{kind}"
             if permute_qk and module in ("self_attn.q_proj", "self_attn.k_proj"):
                 n_head = heads if module == "self_attn.q_proj" else config.num_key_value_heads
                 array = (array.reshape(n_head, 2, array.shape[0] // n_head // 2, *array.shape[1:])
                          .swapaxes(1, 2).reshape(array.shape))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1
         writer.add_tensor(gguf_name, np.ascontiguousarray(array))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -133,14 +148,46 @@ def test_written_gguf_weights_equal_transformers_gguf_load(
         assert torch.equal(tensor, reference[name]), name
 
 
-def test_unsupported_gguf_architecture_is_refused_by_name(tmp_path):
-    path = tmp_path / "phi.gguf"
-    writer = gguf.GGUFWriter(path, "phi2")
+def test_written_gemma3_gguf_reads_as_transformers_reads_it(tmp_path):
+    """Gemma's own tensor names, its norms stored plus one, no Q/K permutation, the layer pattern
+    and local RoPE base that llama.cpp fixes rather than stores."""
+    torch.manual_seed(0)
+    path = tmp_path / "tiny-gemma3.gguf"
+    sizes = {**SMALL, "num_hidden_layers": 7, "head_dim": 16, "tie_word_embeddings": True}
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**sizes, sliding_window=32)).eval()
+    for name, param in model.named_parameters():  # norms away from their zero initialisation
+        if name.endswith("norm.weight"):
+            param.data.normal_()
+
+    def extra(writer):
+        writer.add_key_length(16)
+        writer.add_value_length(16)
+        writer.add_sliding_window(32)
+    write_gguf(path, "gemma3", model, False, extra=extra, layer_names=GEMMA3_LAYER_NAMES)
+
+    config = load_model_config(path)
+    assert config.architecture == "gemma3" and config.qk_norm and config.tie_word_embeddings
+    assert config.layer_sliding_windows == [32] * 5 + [None, 32]
+    assert (config.local_rope_theta, config.query_pre_attn_scalar) == (10_000.0, 16)
+    reference = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, dtype=torch.float32).state_dict()
+    reference.pop("lm_head.weight")  # tied
+    seen = dict(iter_weights(path, config))
+    assert sorted(seen) == sorted(reference)
+    for name, tensor in seen.items():
+        assert torch.equal(tensor, reference[name]), name
+
+
+# qwen3: a family we run from safetensors only (its GGUF tensor names are not mapped yet)
+@pytest.mark.parametrize("arch", ["phi2", "qwen3"])
+def test_unsupported_gguf_architecture_is_refused_by_name(tmp_path, arch):
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match="'phi2'"):
+    with pytest.raises(ModelLoadError, match=rf"'{arch}'.*supported: gemma3, llama, mistral, qwen2$"):
         load_model_config(path)

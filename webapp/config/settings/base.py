@@ -193,6 +193,20 @@ CELERY_BEAT_SCHEDULE = {
     "usage-rollup-yesterday": {"task": "usage.rollup_yesterday", "schedule": crontab(hour=0, minute=15)},
     "usage-purge-expired": {"task": "usage.purge_expired", "schedule": crontab(hour=0, minute=45)},
 }
+# A request's usage record is written "running" when it goes to a worker. Every
+# PAGODA_USAGE_RECONCILE_INTERVAL_S the reconciler (webapp/usage/reconcile.py) ends, as
+# web_process_lost with its worker's token counts, those whose web process died: within about
+# PAGODA_LEASE_TTL_S + a third of it + two intervals of the death. Every
+# PAGODA_USAGE_CHECKPOINT_S each web process writes its running requests' token counts so far
+# into their records, in one transaction (webapp/usage/checkpoints.py): what embedded mode, whose
+# worker dies with the process, bills after a crash. 0 turns the checkpoints off.
+PAGODA_USAGE_RECONCILE_INTERVAL_S = float(os.environ.get("PAGODA_USAGE_RECONCILE_INTERVAL_S", "10"))
+PAGODA_USAGE_CHECKPOINT_S = float(os.environ.get("PAGODA_USAGE_CHECKPOINT_S", "5"))
+CELERY_BEAT_SCHEDULE = {
+    **CELERY_BEAT_SCHEDULE,
+    "usage-reconcile": {"task": "usage.reconcile", "schedule": PAGODA_USAGE_RECONCILE_INTERVAL_S,
+                        "options": {"expires": PAGODA_USAGE_RECONCILE_INTERVAL_S}},
+}
 
 # Metric snapshots for the console's charts (webapp/monitoring/tasks.py): every live worker is
 # sampled every PAGODA_METRICS_INTERVAL_S seconds (10 s: the window over which workers already

@@ -1,0 +1,206 @@
+"""Every model family and RoPE scaling type, greedy token for token identical to transformers'
+own model in float32 on a tiny random checkpoint: a batch of mixed prompt lengths, the same with
+prefill chunked into 8-token steps, and with a KV pool so small that sequences are preempted
+and recomputed. The tiny checkpoints come from transformers' own config classes."""
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+from tests.engine.test_hf_parity import EXACT, assert_same, hf_greedy
+
+NUM_TOKENS = 32
+# Tiny sizes with head_dim 16 (8 rotary frequencies); the vocabulary is the SmolLM2 tokenizer's.
+# Weights drawn with std 0.3, not 0.02: attention scores then span several units, so the tokens
+# depend on the positions (with 0.02 attention is near uniform and a wrong RoPE table went unseen).
+SIZES = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+             eos_token_id=2, initializer_range=0.3)
+PROMPT_LENGTHS = (3, 17, 40, 9, 31)
+# RoPE scaling: sequences run from below the original context (48) to past it (40 + 32 tokens).
+ORIGINAL = 48
+SHORT = [1.0 + i / 8 for i in range(8)]
+LONG = [2.0 + i / 2 for i in range(8)]
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    # dynamic stretches max_position_embeddings (here 48) by its factor: a 96-token context
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+                    "mscale": 2.0, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": ORIGINAL},
+    "longrope": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
+                 "original_max_position_embeddings": ORIGINAL},
+}
+
+
+def prompts_of(lengths=PROMPT_LENGTHS):
+    return [[1 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def save_tiny(directory, model_class, config, tokenizer):
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def assert_matches_transformers(path, prompts=None, num_tokens=NUM_TOKENS, num_kv_blocks=10):
+    """Greedy tokens equal transformers' (fp32): whole batch, chunked prefill, and preemption."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = prompts or prompts_of()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference = [hf_greedy(hf, p, num_tokens, [-1]) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    llm = LLM(str(path), num_kv_blocks=64, **EXACT)
+    assert_same(llm.generate(prompts, params), reference)
+    llm.engine.block_manager.check_all_free()
+    chunked = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT)
+    assert_same(chunked.generate(prompts, params), reference)
+    # 10 blocks of 16 tokens: the longest request alone needs 5, all together 17
+    small = LLM(str(path), num_kv_blocks=num_kv_blocks, enable_prefix_caching=False,
+                max_num_batched_tokens=16, **EXACT)
+    assert_same(small.generate(prompts, params), reference)
+    assert small.engine.stats().num_preemptions > 0
+    small.engine.block_manager.check_all_free()
+    return llm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ROPE_SCALINGS))
+def test_llama_rope_scaling_matches_transformers(kind, tmp_path, smollm2_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = {**SIZES, "max_position_embeddings": ORIGINAL} if kind == "dynamic" else SIZES
+    config = LlamaConfig(**sizes, rope_scaling=dict(ROPE_SCALINGS[kind]))
+    path = save_tiny(tmp_path, LlamaForCausalLM, config, smollm2_tokenizer)
+    llm = assert_matches_transformers(path)
+    assert llm.engine.model_config.rope_scaling["rope_type"] == kind.split("-")[0]
+    if kind == "dynamic":
+        assert llm.engine.max_model_len == 2 * ORIGINAL
+
+
+@pytest.mark.slow
+def test_qwen3_matches_transformers(tmp_path, smollm2_tokenizer):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = save_tiny(tmp_path, Qwen3ForCausalLM, Qwen3Config(**SIZES), smollm2_tokenizer)
+    llm = assert_matches_transformers(path)
+    assert llm.engine.model_config.architecture == "qwen3" and llm.engine.model_config.qk_norm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["sliding-window", "longrope"])
+def test_phi3_matches_transformers(variant, tmp_path, smollm2_tokenizer):
+    """Phi-3's fused qkv_proj / gate_up_proj load whole. Its longrope (the factor from
+    max_position_embeddings / original_max_position_embeddings, so an attention factor of
+    sqrt(1 + ln 2 / ln 80)) within the original context: past it transformers' Phi-3 recomputes
+    the whole cache with the long factors (its prepare_inputs_for_generation), which a paged
+    cache does not (engine/layers/rope_scaling.py)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    if variant == "sliding-window":  # every layer sees the last 24 tokens: prompts run past it
+        config = Phi3Config(**SIZES, sliding_window=24)
+    else:
+        config = Phi3Config(**{**SIZES, "max_position_embeddings": 160},
+                            original_max_position_embeddings=80,
+                            rope_scaling={"type": "longrope", "short_factor": SHORT,
+                                          "long_factor": LONG})
+    path = save_tiny(tmp_path, Phi3ForCausalLM, config, smollm2_tokenizer)
+    llm = assert_matches_transformers(path)
+    model = llm.engine.runner.model
+    assert "model.layers.0.self_attn.qkv_proj.weight" in dict(model.named_parameters())
+    if variant == "longrope":
+        assert llm.engine.model_config.rope_scaling["rope_type"] == "longrope"
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_dir(tmp_path_factory, smollm2_tokenizer):
+    """Three layers, sliding (8 tokens) / global / sliding, each with its own RoPE base, linear
+    scaling on the global one, soft-capped logits, a query_pre_attn_scalar of its own."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        **{**SIZES, "num_hidden_layers": 3, "tie_word_embeddings": True}, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        query_pre_attn_scalar=24, final_logit_softcapping=30.0)
+    return save_tiny(tmp_path_factory.mktemp("tiny_gemma3"), Gemma3ForCausalLM, config,
+                     smollm2_tokenizer)
+
+
+@pytest.mark.slow
+def test_gemma3_matches_transformers(tiny_gemma3_dir):
+    from transformers import AutoModelForCausalLM
+
+    llm = assert_matches_transformers(tiny_gemma3_dir, num_kv_blocks=12)
+    cfg = llm.engine.model_config
+    assert cfg.layer_sliding_windows == [8, None, 8]
+    assert (cfg.local_rope_theta, cfg.rope_theta) == (10_000.0, 1_000_000.0)
+    # A prompt whose first 32 tokens come from the prefix cache: the window reaches into them.
+    prompt = prompts_of()[2][:35] + [7, 8, 9]  # the batch's 40-token prompt, another tail
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32).eval()
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NUM_TOKENS,
+                                                ignore_eos=True))[0]
+    assert out.num_cached_tokens == 32
+    assert out.token_ids == hf_greedy(hf, prompt, NUM_TOKENS, [-1])
+
+
+@pytest.mark.slow
+def test_gemma3_sliding_window_is_what_changes_long_prompts(tiny_gemma3_dir, smollm2_tokenizer,
+                                                            tmp_path):
+    """The window matters: with it widened past every sequence, a prompt longer than the window
+    gives other tokens (so the parity above exercises the masking), a prompt within it the same."""
+    import json
+    import shutil
+
+    wide = tmp_path / "wide"
+    shutil.copytree(tiny_gemma3_dir, wide)
+    config = json.loads((wide / "config.json").read_text())
+    config["sliding_window"] = 4096
+    (wide / "config.json").write_text(json.dumps(config))
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    short, long = prompts_of((6, 40))
+    windowed = LLM(str(tiny_gemma3_dir), num_kv_blocks=32, **EXACT).generate([short, long], params)
+    full = LLM(str(wide), num_kv_blocks=32, **EXACT).generate([short, long], params)
+    assert windowed[1].token_ids != full[1].token_ids
+    assert windowed[0].token_ids[:2] == full[0].token_ids[:2]  # until the sequence passes 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_fused_cpu_decode_step_refuses_layers_it_does_not_compute(family, tmp_path, request,
+                                                                  smollm2_tokenizer):
+    """The C decode step computes the plain Llama layer only. With int4 weights, where it would
+    otherwise run (a Llama of the same sizes does fuse: the control), Qwen3's Q/K norms and Gemma
+    3's layers stay on the torch path. int4 rounding moves the tokens off transformers', so the
+    reference is the torch path itself: the same tokens as with the step switched off."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from engine.kernels.cpu import decode_step
+    from engine.models.fused_decode import ENV
+
+    if decode_step.library() is None:
+        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    if family == "qwen3":
+        path = save_tiny(tmp_path / "q3", Qwen3ForCausalLM, Qwen3Config(**SIZES), smollm2_tokenizer)
+    else:
+        path = request.getfixturevalue("tiny_gemma3_dir")
+    llama = save_tiny(tmp_path / "llama", LlamaForCausalLM, LlamaConfig(**SIZES), smollm2_tokenizer)
+    int4 = dict(quantization="int4", dtype="float32", num_kv_blocks=32)
+    assert LLM(str(llama), **int4).engine.runner.fused_decode is not None  # where it applies
+
+    llm = LLM(str(path), **int4)
+    assert llm.engine.runner.fused_decode is None
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    fused_allowed = llm.generate(prompts_of(), params)
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as m:
+        m.setenv(ENV, "0")
+        torch_path = LLM(str(path), **int4).generate(prompts_of(), params)
+    assert_same(fused_allowed, [o.token_ids for o in torch_path])
