@@ -9,6 +9,7 @@
       enable_prefix_caching: true    # cache policy
     serving:                     # the web processes' queue bounds and the workers' drain
       max_queued_per_model: 256
+      max_requests_in_flight: 64   # per web process (unset: the serving workers' max_num_seqs, summed)
       queue_timeout_s: 30
       request_timeout_s: 600
       drain_timeout_s: 30
@@ -35,6 +36,7 @@ ENV_PREFIX = "PAGODA_ENGINE_"
 # serving key -> (environment variable, type, default); None means unset.
 SERVING_ENV = {
     "max_queued_per_model": ("PAGODA_MAX_QUEUED_PER_MODEL", int, None),
+    "max_requests_in_flight": ("PAGODA_MAX_REQUESTS_IN_FLIGHT", int, None),
     "queue_timeout_s": ("PAGODA_QUEUE_TIMEOUT_S", float, 30.0),
     "request_timeout_s": ("PAGODA_REQUEST_TIMEOUT_S", float, 600.0),
     "drain_timeout_s": ("PAGODA_DRAIN_TIMEOUT", float, 30.0),

@@ -1,17 +1,18 @@
 """Load shedding through the real stack: Daphne, Redis, one `run_engine_worker` process.
 
-A site of its own whose Daphne runs with a queue bound of 4 (PAGODA_MAX_QUEUED_PER_MODEL) in
-front of a worker of two sequences: a burst of 1,000 concurrent streams must be answered at
-once, the excess with 503 + Retry-After in the OpenAI error format, while the Daphne process's
-memory stays bounded, and the slowest refusal within REFUSAL_VS_401 times the slowest answer of the
-same burst sent with a wrong key (each a 401 after one database read). A second Daphne on the same
-database and Redis has a 50 ms overall deadline.
+A site of its own whose worker runs NUM_SEQS sequences at once, so that its Daphne's gate in front
+of Django (webapp/config/gate.py) lets NUM_SEQS generation requests in at a time: a burst of 1,000
+concurrent streams must be answered at once, the excess refused with 503 + Retry-After in the
+OpenAI error format before Django sees it, the admitted streams served in about the time their
+tokens take, and the Daphne process's memory bounded. A second Daphne on the same database and
+Redis has a 50 ms overall deadline.
+
+The burst is sent with bench/shedding.py's client (bare sockets in a selector loop: an HTTP library's
+millisecond of CPU per request would be counted as the server's on a 2-core machine).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import os
 import sys
@@ -22,16 +23,42 @@ import httpx
 import pytest
 import redis
 
+from bench.shedding import burst, figures, table
 from tests.e2e.sites import TINY_SETTINGS, Site, make_site
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "shed"
-MAX_QUEUED = 4
+NUM_SEQS = 8  # the worker's max_num_seqs, so the gate's capacity
 NUM_BURST = 1000
+MAX_TOKENS = 128  # each stream's tokens (EOS ignored), as in the measurement of issue #31
 BURST_BUDGET_S = 240  # the whole burst, on two shared cores
-REFUSAL_VS_401 = 2.5  # the slowest refusal against the slowest 401 of the same burst with a wrong key
+# The target (issue #31): every refusal within a second, p99 included. A refusal costs the gate tens
+# of microseconds (tests/webapp/test_overload_gate.py); what is left is Daphne's own pace through
+# 1,000 connections (Twisted, the application instance, the access log: about 0.35 ms of CPU each
+# here), which no code of ours changes. So the bound is the target, or on a machine too loaded for
+# Daphne itself to meet it, FLOOR_SLACK x the p99 of the same burst against a Daphne whose
+# application refuses everything at once (tests/e2e/refusing_asgi.py). Here, on 2 shared cores (a
+# Xeon with AMX) at load averages of 5 to 8: refusals p99 0.5-0.9 s, the yardstick's 0.5-0.9 s, at
+# most 1.7x it (the admitted streams' preparation shares the process); 2.5 leaves room for that.
+REFUSAL_P99_S = 1.0
+FLOOR_SLACK = 2.5
+# An admitted stream's bound: "the time its tokens take". Measured on the site itself just before
+# the burst: FULL_BATCH_S, the time NUM_SEQS streams of MAX_TOKENS sent together take (the worker's
+# full batch: its decode throughput, through the same HTTP path). At most the gate's capacity is in
+# flight, so an admitted stream has at most ceil(capacity / NUM_SEQS) = 1 full batch of tokens to
+# wait for: p99 <= FULL_BATCH_S x ADMITTED_SLACK + the refusals' bound. ADMITTED_SLACK (3) covers
+# the worker sharing the 2 cores with the burst's client and Daphne while the burst lasts (a third
+# of the CPU it had alone at worst); the refusals' bound, the burst arriving ahead of the admitted
+# streams' own preparation. Measured here: p99 0.9-1.3x FULL_BATCH_S.
+ADMITTED_SLACK = 3.0
 REQUEST_TIMEOUT_S = 0.05  # the tiny model streams 500 tokens in well under a second when idle
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -51,98 +78,88 @@ def site(tmp_path_factory, tiny_llama_dir, redis_server):
         settings.write('DATABASES["default"].setdefault("OPTIONS", {}).update(timeout=120, '
                        'transaction_mode="IMMEDIATE")\n')
     site.manage("register_model", MODEL, str(tiny_llama_dir), "--engine-settings",
-                json.dumps({**TINY_SETTINGS, "max_num_seqs": 2}))
+                json.dumps({**TINY_SETTINGS, "max_num_seqs": NUM_SEQS}))
     site.key = site.create_key("shedding test")
     site.spawn("worker", [sys.executable, "manage.py", "run_engine_worker", "--model", MODEL])
     # A listen backlog that holds the burst (Twisted's default, 50, resets the rest at connect:
     # a property of the listening socket, before any of Pagoda's code runs).
     site.daphne = site.spawn("daphne", [
         sys.executable, "-m", "daphne", "-e", f"tcp:port={site.port}:interface=127.0.0.1:backlog={NUM_BURST}",
-        "webapp.config.asgi:application"], {"PAGODA_MAX_QUEUED_PER_MODEL": str(MAX_QUEUED)})
+        "webapp.config.asgi:application"])
     site.redis = redis.Redis.from_url(db)
     try:
         site.wait_until(lambda: site.metric("pagoda:num_requests_running", model_name=MODEL) is not None,
                         "the worker announcing itself over Redis")
+        site.wait_until(lambda: site.metric("pagoda:api_requests_capacity") == NUM_SEQS,
+                        "the gate reading the worker's capacity")
         yield site
     finally:
         site.stop()
 
 
-async def one_stream(http: httpx.AsyncClient, url: str, key: str, i: int) -> dict:
-    body = {"model": MODEL, "prompt": f"Burst {i}", "max_tokens": 8, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    started = time.monotonic()
+def yardstick_p99(site) -> float:
+    """The refusals' p99 of a burst against Daphne alone (an application that refuses at once)."""
+    bare = Site(site.root, {**site.env, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                                       site.env["PYTHONPATH"]])})
+    bare.spawn("daphne-yardstick", [sys.executable, "-m", "daphne", "-e",
+                                    f"tcp:port={bare.port}:interface=127.0.0.1:backlog={NUM_BURST}",
+                                    "refusing_asgi:application"])
     try:
-        async with http.stream("POST", f"{url}/v1/completions", json=body,
-                               headers={"Authorization": f"Bearer {key}"}) as response:
-            answered = time.monotonic() - started
-            text = (await response.aread()).decode()
-    except httpx.TransportError as exc:
-        return {"status": type(exc).__name__, "answered_s": time.monotonic() - started}
-    return {"status": response.status_code, "answered_s": answered, "text": text,
-            "retry_after": response.headers.get("Retry-After")}
+        bare.wait_until(lambda: httpx.get(f"{bare.url}/", timeout=5).status_code == 503, "the yardstick listening")
+        answers = burst(bare.url, "k", model=MODEL, streams=NUM_BURST, max_tokens=1, timeout_s=BURST_BUDGET_S)
+    finally:
+        bare.stop()
+    assert all(a.status == 503 for a in answers)
+    return figures(answers)["refusal_p99"]
 
 
-def percentiles(seconds: list[float]) -> str:
-    ordered = sorted(seconds)
-    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return f"p50 {at(0.5):.2f} / p99 {at(0.99):.2f} / max {ordered[-1]:.2f} s"
+def streams(site, n: int) -> list:
+    # A stream's place at the gate is given back once Daphne has its last message, a moment after
+    # the client read it: a batch sent right behind the last one could find the gate still full.
+    site.wait_until(lambda: site.metric("pagoda:api_requests_in_flight") == 0, "the gate empty", timeout=30)
+    return burst(site.url, site.key, model=MODEL, streams=n, max_tokens=MAX_TOKENS, timeout_s=BURST_BUDGET_S)
 
 
-def test_a_burst_of_1000_streams_sheds_the_excess_with_503_and_retry_after_in_bounded_memory(site):
+def test_a_burst_of_1000_streams_sheds_the_excess_at_once_and_serves_the_rest_in_their_tokens_time(site):
+    floor_p99 = yardstick_p99(site)
+    refusal_bound_s = max(REFUSAL_P99_S, FLOOR_SLACK * floor_p99)
+    streams(site, NUM_SEQS)  # warm-up: the tokenizer export, the worker's first batch
+    full = streams(site, NUM_SEQS)
+    assert all(a.completed for a in full), [(a.status, a.body[-300:]) for a in full if not a.completed]
+    full_batch_s = max(a.done_s for a in full)
+    admitted_bound_s = full_batch_s * ADMITTED_SLACK + refusal_bound_s
+    shed_before = site.metric("pagoda:api_requests_shed_total", endpoint="completions") or 0
     pid = site.daphne.pid
     rss_before = rss_mib(pid)
 
-    async def burst(key: str):
-        limits = httpx.Limits(max_connections=NUM_BURST, max_keepalive_connections=0)
-        timeout = httpx.Timeout(BURST_BUDGET_S, connect=BURST_BUDGET_S, pool=BURST_BUDGET_S)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-            tasks = [one_stream(http, site.url, key, i) for i in range(NUM_BURST)]
-            return await asyncio.wait_for(asyncio.gather(*tasks), BURST_BUDGET_S)
-
-    # The yardstick, on this machine at this moment: the same burst with a wrong key, each answered
-    # 401 after one database read, is what this process's own pace through 1,000 requests costs.
-    wrong_key = asyncio.run(burst("pgd-not-a-key"))
-    assert {r["status"] for r in wrong_key} == {401}
-    slowest_401 = max(r["answered_s"] for r in wrong_key)
-
-    started = time.monotonic()
-    results = asyncio.run(burst(site.key))
-    took = time.monotonic() - started
+    started, client_cpu, daphne_cpu = time.monotonic(), time.process_time(), cpu_s(pid)
+    answers = streams(site, NUM_BURST)
+    took, client_cpu = time.monotonic() - started, time.process_time() - client_cpu
+    daphne_cpu = cpu_s(pid) - daphne_cpu
     rss_after = rss_mib(pid)
+    f = figures(answers)
+    print(f"\n{NUM_BURST} streams of {MAX_TOKENS} tokens in {took:.1f} s (CPU: client {client_cpu:.2f} s, Daphne {daphne_cpu:.2f} s); Daphne RSS {rss_before:.0f} -> "
+          f"{rss_after:.0f} MiB; load average {os.getloadavg()[0]:.2f}; {NUM_SEQS} streams alone: "
+          f"{full_batch_s:.2f} s (admitted bound {admitted_bound_s:.2f} s); Daphne alone refuses the burst with p99 "
+          f"{floor_p99:.2f} s (refusal bound {refusal_bound_s:.2f} s)\n{table(f)}")
 
-    served = [r for r in results if r["status"] == 200]
-    refused = [r for r in results if r["status"] == 503]
-    slowest_refusal = max(r["answered_s"] for r in refused)
-    print(f"\n{NUM_BURST} streams in {took:.1f} s: {len(served)} served, {len(refused)} refused with 503 "
-          f"(slowest refusal {slowest_refusal:.2f} s); Daphne RSS {rss_before:.0f} -> {rss_after:.0f} MiB; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"the same burst with a wrong key: 401s {percentiles([r['answered_s'] for r in wrong_key])}")
-    if refused:
-        print(f"refusals: {percentiles([r['answered_s'] for r in refused])}")
-    if served:
-        print(f"served, first event: {percentiles([r['answered_s'] for r in served])}")
-
-    others = collections.Counter(r["status"] for r in results if r["status"] not in (200, 503))
-    assert len(served) + len(refused) == NUM_BURST, others
-    # How many are served depends on how fast this machine pushes requests through Django to the
-    # queue; what must hold is that the excess is refused, and nothing else happens to anyone.
-    assert served and len(refused) >= NUM_BURST // 4
-    for r in served:
-        assert r["text"].rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in r["text"]
-    for r in refused:
-        error = json.loads(r["text"])["error"]
-        # queue_unavailable: under this burst on 2 cores the web process can be starved past its
-        # Redis read timeout (5 s); still a 503 with Retry-After, never a hang (see the README).
-        assert error["code"] in ("server_overloaded", "queue_timeout", "queue_unavailable"), error
-        assert error["type"] == "server_error" and int(r["retry_after"]) >= 1
-    assert slowest_refusal < 90  # no refusal waits for a queue deadline: the web process's own pace
-    # Nor for the admitted requests' preparation (body, tokenizer, reservation, usage records: the
-    # gate of webapp/openai_api/gate.py refuses before them): 1.4x the 401 burst's slowest,
-    # against 4.9x before the gate (47.9 s against 9.7 s), on 2 shared cores.
-    assert slowest_refusal < REFUSAL_VS_401 * slowest_401, (slowest_refusal, slowest_401)
+    assert f["other"] == 0, sorted({str(a.status) for a in answers if not a.completed})
+    assert f["completed"] >= NUM_SEQS and f["shed"] >= NUM_BURST // 2
+    for a in answers:
+        if a.completed:
+            assert '"finish_reason": "length"' in a.body
+        else:  # every refusal: the OpenAI error object, Retry-After, a request id
+            error = json.loads(a.body)["error"]
+            assert (a.status, error["type"], error["code"]) == (503, "server_error", "server_overloaded"), error
+            assert int(a.headers["retry-after"]) >= 1 and a.headers["x-request-id"].startswith("cmpl-")
+    at_gate = sum(1 for a in answers if not a.completed and "requests in progress" in a.body)
+    assert at_gate >= NUM_BURST // 2  # refused before Django, not by the queue behind it
+    assert site.metric("pagoda:api_requests_shed_total", endpoint="completions") - shed_before == at_gate
+    assert f["refusal_p99"] < refusal_bound_s, (f, floor_p99)
+    assert f["admitted_p99"] < admitted_bound_s, (f, full_batch_s)
     assert rss_after - rss_before < 1024  # what 1,000 open requests hold, not an unbounded queue
     assert site.redis.xlen(f"pagoda:requests:{MODEL}") == 0  # nothing left queued behind
+    assert site.metric("pagoda:api_requests_in_flight") == 0
 
 
 def test_a_request_past_its_deadline_gets_503_request_timeout_and_a_usage_record(site):

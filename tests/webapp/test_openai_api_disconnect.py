@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.contrib.auth import get_user_model
 
-from webapp.config.asgi import application
+from webapp.config.asgi import application, http_gate
 from webapp.keys.enforcement import apikey_running_requests
 from webapp.keys.services import apikey_create
 from webapp.openai_api import generation, lifecycle
@@ -115,6 +115,7 @@ async def test_a_hang_up_at_any_stage_frees_the_slot_and_leaves_one_usage_record
         while b"Once" not in body:
             body += (await app.receive_output(5))["body"]
     assert await sync_to_async(apikey_running_requests)(api_key=key) == 1
+    assert http_gate.in_flight == 1  # counted by the gate in front of Django (webapp/config/gate.py)
 
     await app.send_input({"type": "http.disconnect"})
     await asyncio.sleep(0.2)  # the view is cancelled while the stage still holds
@@ -127,6 +128,7 @@ async def test_a_hang_up_at_any_stage_frees_the_slot_and_leaves_one_usage_record
     if engine is not None:  # the generation was closed, so the engine drops it
         assert engine.closed
     assert not generation.tracked(records[0]["request_id"])  # nothing left for the drain at shutdown
+    assert http_gate.in_flight == 0  # and its place at the gate given back
 
 
 async def test_a_request_that_finishes_also_leaves_one_record_and_frees_its_slot(api_key, monkeypatch):

@@ -72,10 +72,12 @@ def test_a_bad_environment_override_is_refused_naming_the_variable():
 
 
 def test_serving_settings_come_from_the_file_unless_the_environment_says(tmp_path):
-    path = write(tmp_path, "serving:\n  max_queued_per_model: 7\n  queue_timeout_s: 4\n")
-    serving = load_config({"PAGODA_CONFIG": path, "PAGODA_QUEUE_TIMEOUT_S": "2.5"}).serving
-    assert serving == {"max_queued_per_model": 7, "queue_timeout_s": 2.5, "request_timeout_s": 600.0,
-                       "drain_timeout_s": 30.0}
+    path = write(tmp_path, "serving:\n  max_queued_per_model: 7\n  queue_timeout_s: 4\n"
+                           "  max_requests_in_flight: 40\n")
+    serving = load_config({"PAGODA_CONFIG": path, "PAGODA_QUEUE_TIMEOUT_S": "2.5",
+                           "PAGODA_MAX_REQUESTS_IN_FLIGHT": "12"}).serving
+    assert serving == {"max_queued_per_model": 7, "max_requests_in_flight": 12, "queue_timeout_s": 2.5,
+                       "request_timeout_s": 600.0, "drain_timeout_s": 30.0}
 
 
 def _django_settings(env: dict) -> subprocess.CompletedProcess:

@@ -2,18 +2,19 @@
 
 Each line is ``{"custom_id", "method": "POST", "url", "body"}``; the body is checked by the very
 InputSerializer of the endpoint it names (webapp/openai_api/views.py), so a line that passes here
-is one the API would take. A refusal names the line (1-based) and the field, e.g.
-``Line 3: body.temperature: must be ...``.
+is one the API would take. The line itself is read as the API reads a body (webapp/openai_api/body.py:
+nesting, Unicode, and numbers no field can hold). A refusal names the line (1-based) and the field,
+e.g. ``Line 3: body.temperature: must be ...``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from rest_framework.exceptions import ValidationError
 
 from webapp.openai_api import errors
+from webapp.openai_api.body import JsonInputError, json_read
 from webapp.openai_api.errors import first_error
 
 CHAT_URL = "/v1/chat/completions"
@@ -63,10 +64,10 @@ def check_body(line_number: int, url: str, body) -> dict:
 
 
 def parse_line(line_number: int, raw: bytes) -> InputLine:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise LineError(line_number, None, "is not valid JSON") from None
+    try:  # read as the API reads a body: a number no field can hold is refused naming its field
+        data = json_read(raw)
+    except JsonInputError as exc:
+        raise LineError(line_number, exc.param, exc.problem) from None
     if not isinstance(data, dict):
         raise LineError(line_number, None, "must be a JSON object")
     custom_id = data.get("custom_id")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from rest_framework.exceptions import ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from webapp.batches import selectors, services
@@ -67,9 +67,7 @@ class FileContentApi(OpenAIApiView):
 
 
 class BatchCollectionApi(OpenAIApiView):
-    """POST v1/batches and GET v1/batches (``after``, ``limit``)."""
-
-    parser_classes = [JSONParser]
+    """POST v1/batches (JSON, read by OpenAIApiView's parser) and GET v1/batches (``after``, ``limit``)."""
 
     def post(self, request):
         values = validated(BatchCreateSerializer, request.data)

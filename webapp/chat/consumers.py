@@ -32,7 +32,6 @@ a new socket the same frame, then the close code TRY_AGAIN_LATER (the page recon
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -49,6 +48,7 @@ from webapp.chat.services import (LIMITS_UNAVAILABLE, LIMITS_UNAVAILABLE_RETRY_A
 from webapp.config.shutdown import shutting_down
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.services import chatlimits_get_or_create
+from webapp.openai_api.body import JsonInputError, json_read
 from webapp.usage.outcome import Outcome
 
 logger = logging.getLogger(__name__)
@@ -142,11 +142,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.emit({"type": "error", "code": "message_too_large", "param": None,
                        "message": f"This message is too large ({len(frame)} bytes; the most is {limit})."})
             return
-        try:
-            content = json.loads(frame)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-            self.emit({"type": "error", "code": "invalid_json", "param": None,
-                       "message": "The message is not valid JSON."})
+        try:  # numbers as the API reads them: one no setting can hold is refused naming it
+            content = json_read(frame, check_text=False)
+        except JsonInputError as exc:
+            if exc.is_syntax:  # not JSON, not UTF-8, nested too deep
+                self.emit({"type": "error", "code": "invalid_json", "param": None,
+                           "message": "The message is not valid JSON."})
+            else:
+                self.emit({"type": "error", "code": "invalid_parameter", "param": exc.param,
+                           "message": f"{exc.param or 'The message'} {exc.problem}."})
             return
         try:
             await self._hold_socket(self.limits)

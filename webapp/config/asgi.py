@@ -1,5 +1,6 @@
 """ASGI entry point (Daphne): HTTP through Django, WebSockets through Channels.
 
+Generation requests past this process's capacity are refused before Django (webapp/config/gate.py).
 Under Daphne, SIGTERM/SIGINT drains running requests before the process exits (webapp/config/shutdown.py).
 """
 
@@ -19,13 +20,17 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from webapp.chat.routing import websocket_urlpatterns as chat_websocket_urlpatterns  # noqa: E402
+from webapp.config.gate import gate_generations  # noqa: E402
 from webapp.config.shutdown import count_http_exchanges, drain_on_server_shutdown  # noqa: E402
 
 websocket_urlpatterns: list = [*chat_websocket_urlpatterns]
 
+# The gate in front of Django, named so that tests can read its count.
+http_gate = gate_generations(django_asgi_app)
+
 application = ProtocolTypeRouter(
     {
-        "http": count_http_exchanges(django_asgi_app),
+        "http": count_http_exchanges(http_gate),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -3,7 +3,7 @@ delete, and each version's engine settings (context length, dtype, block size, K
 
 from __future__ import annotations
 
-import json
+import math
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadError, estimate_memory
 from webapp.console.access import staff_required
+from webapp.openai_api.body import JsonInputError, json_read
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
                                       modelversion_delete, modelversion_register_path,
@@ -76,7 +77,7 @@ def settings_from_form(data, base: dict, *, empty_resets: bool = True) -> dict:
                 mib = float(raw)
             except ValueError:
                 mib = -1.0
-            if not mib > 0 or mib * MIB < 1:
+            if not 0 < mib < math.inf or mib * MIB < 1:  # "1e400" reads as infinity
                 raise ValidationError(f"{label} ({name}) must be a positive number of MiB, got {raw!r}")
             result[name] = int(mib * MIB)
         else:
@@ -140,10 +141,11 @@ def _upload(request):
         slug, uploaded = request.POST.get("model_slug", "").strip(), request.FILES.get("file")
         if not slug or uploaded is None:
             raise ValidationError("choose a model name and a file to upload")
-        try:
-            engine_settings = json.loads(request.POST.get("engine_settings") or "{}")
-        except ValueError as exc:
-            raise ValidationError(f"engine settings are not valid JSON: {exc}") from exc
+        try:  # read as the API reads JSON: a number no setting can hold is refused naming it
+            engine_settings = json_read(request.POST.get("engine_settings") or "{}")
+        except JsonInputError as exc:
+            where = f"engine settings: {exc.param}" if exc.param else "engine settings"
+            raise ValidationError(f"{where} {exc.problem}") from exc
         if not isinstance(engine_settings, dict):
             raise ValidationError("engine settings must be a JSON object")
         engine_settings = settings_from_form(request.POST, engine_settings, empty_resets=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,6 +30,15 @@ API_LATENCY = Histogram(
 # By OpenAI error code (a bounded set: Pagoda's own codes), for the dashboard's errors-by-code panel.
 API_ERRORS = Counter(f"{PREFIX}api_errors", "API requests that ended in an error, by error code.",
                      ("model_name", "endpoint", "code"), registry=REGISTRY)
+# The gate in front of Django (webapp/config/gate.py): its refusals never reach the counters above
+# (they come before the key and the model are known), and what it counts.
+API_SHED = Counter(f"{PREFIX}api_requests_shed", "Generation requests refused (503 server_overloaded) before "
+                   "Django because this web process had as many in flight as it can serve.", ("endpoint",),
+                   registry=REGISTRY)
+API_IN_FLIGHT = Gauge(f"{PREFIX}api_requests_in_flight", "Generation requests this web process is serving.",
+                      registry=REGISTRY)
+API_CAPACITY = Gauge(f"{PREFIX}api_requests_capacity", "Generation requests this web process serves at once "
+                     "before refusing more (NaN: no bound, no serving worker).", registry=REGISTRY)
 API_TTFT = Histogram(
     f"{PREFIX}api_time_to_first_token_seconds", "Time to first token of API requests, as the engine measured it.",
     ("model_name", "endpoint"), registry=REGISTRY,
@@ -64,6 +73,16 @@ def observe_api_request(*, model: str, endpoint: str, status: str, latency: floa
     API_LATENCY.labels(model, endpoint, status).observe(latency)
     if time_to_first_token is not None:
         API_TTFT.labels(model, endpoint).observe(time_to_first_token)
+
+
+def observe_api_shed(endpoint: str) -> None:
+    API_SHED.labels(endpoint).inc()
+
+
+def watch_api_gate(in_flight: Callable[[], int], capacity: Callable[[], int | None]) -> None:
+    """Report the gate's count and capacity, read at scrape time (nothing on a request's path)."""
+    API_IN_FLIGHT.set_function(in_flight)
+    API_CAPACITY.set_function(lambda: float("nan") if (value := capacity()) is None else value)
 
 
 def _histogram(name: str, help_text: str, workers: list[tuple[list[str], dict]]) -> HistogramMetricFamily:

@@ -25,7 +25,6 @@ from webapp.config.shutdown import shutting_down, track, tracked, untrack
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
-from webapp.openai_api.gate import Place, get_gate
 from webapp.openai_api.generation import generation_respond
 from webapp.openai_api.services import (api_key_from_header, generation_admit, new_request_id,
                                         request_refused_record)
@@ -41,7 +40,6 @@ class _Call:
     api_key: ApiKey
     started: float  # time.monotonic() when the request arrived
     body: object = None  # the JSON body, once parsed
-    place: Place | None = None  # at webapp/openai_api/gate.py's gate, once admitted
 
 
 async def completion_create(*, request: HttpRequest, endpoint: str, validate: Callable[[object], dict]) -> HttpResponse:
@@ -65,9 +63,6 @@ async def completion_create(*, request: HttpRequest, endpoint: str, validate: Ca
         raise
     except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
         error = errors.internal_error(exc)
-    finally:
-        if call.place is not None:
-            call.place.release()
     await _account(call, error)
     response = error.response()
     response["X-Request-Id"] = request_id  # names its usage record
@@ -75,15 +70,12 @@ async def completion_create(*, request: HttpRequest, endpoint: str, validate: Ca
 
 
 async def _admit(call: _Call, request: HttpRequest) -> None:
-    """Parse the body into ``call.body``, let the key's limits admit the request, then the gate in
-    front of the model's queue (unless the body names no model: the serializer says so); OpenAIError if not."""
+    """Parse the body into ``call.body`` and let the key's limits admit the request; OpenAIError if not.
+    (Load past this process's capacity was refused before Django: webapp/config/gate.py.)"""
     call.body = body_parse(request)
     if shutting_down():
         raise errors.server_shutting_down()
     await sync_to_async(generation_admit)(api_key=call.api_key, request_id=call.request_id)
-    model = call.body.get("model") if isinstance(call.body, dict) else None
-    if isinstance(model, str) and model:
-        call.place = await get_gate().enter(model)
 
 
 async def _account(call: _Call, error: errors.OpenAIError | None) -> None:

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
+from webapp.openai_api.body import JsonBodyParser
 from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
@@ -47,6 +48,7 @@ def openai_exception_handler(exc, context):
 class OpenAIApiView(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes: list = []
+    parser_classes = [JsonBodyParser]  # JSON as the completions read it (webapp/openai_api/body.py)
     renderer_classes = [JSONRenderer]
 
     def get_exception_handler(self):

@@ -170,7 +170,7 @@ LOGGING = {
 PAGODA_USAGE_RETENTION_DAYS = int(os.environ.get("PAGODA_USAGE_RETENTION_DAYS", "90"))
 # SIGTERM to the web server: running API requests get this many seconds to finish (embedded
 # workers drain within it), then they are aborted; see webapp/config/shutdown.py.
-# These four are pagoda.yaml's `serving` section ($PAGODA_CONFIG; workers/config_file.py), each
+# These five are pagoda.yaml's `serving` section ($PAGODA_CONFIG; workers/config_file.py), each
 # overridden by its environment variable; an unknown key or a bad value stops the start, naming it.
 _SERVING = load_pagoda_config().serving
 PAGODA_DRAIN_TIMEOUT = _SERVING["drain_timeout_s"]
@@ -180,6 +180,10 @@ PAGODA_DRAIN_TIMEOUT = _SERVING["drain_timeout_s"]
 PAGODA_MAX_QUEUED_PER_MODEL = _SERVING["max_queued_per_model"]
 PAGODA_QUEUE_TIMEOUT_S = _SERVING["queue_timeout_s"]
 PAGODA_REQUEST_TIMEOUT_S = _SERVING["request_timeout_s"]
+# Generation requests one web process serves at once before refusing more (503 server_overloaded)
+# in front of Django (webapp/config/gate.py); unset: the sequences the serving workers of every
+# model run at once (their max_num_seqs, summed).
+PAGODA_MAX_REQUESTS_IN_FLIGHT = _SERVING["max_requests_in_flight"]
 # A killed web process's concurrency slots and budget reservations are taken back once its lease,
 # renewed every few seconds while it lives, has been silent this long (webapp/keys/leases.py).
 PAGODA_LEASE_TTL_S = float(os.environ.get("PAGODA_LEASE_TTL_S", "30"))
