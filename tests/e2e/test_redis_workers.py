@@ -44,7 +44,10 @@ def site(tmp_path_factory, tiny_llama_dir, redis_server):
     site.engine = RedisEngineClient(redis_server)
     site.redis = redis.Redis.from_url(redis_server, decode_responses=True)
     site.num_spawned = 0
-    site.start_daphne()
+    # The burst below is about the shared queue spreading requests over both workers: the gate
+    # before Django admits by default only the seats the workers run (8 here) and refuses the
+    # rest at once, so this site lets up to 16 in, the rest of the burst waiting for a worker.
+    site.start_daphne({"PAGODA_MAX_REQUESTS_IN_FLIGHT": "16"})
     try:
         yield site
     finally:
