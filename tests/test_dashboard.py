@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.sites import TINY_SETTINGS, free_port, make_site, readyz_ok
+from tests.e2e.sites import TINY_SETTINGS, free_port, make_site
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO_ROOT / "deploy/grafana/dashboards/pagoda.json"
@@ -60,9 +60,8 @@ def site(tmp_path_factory, tiny_llama_dir):
     site = make_site(tmp_path_factory.mktemp("dashboard_site"))
     site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
     key = site.create_key("dashboard")
-    site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})
     try:
-        site.wait_until(lambda: readyz_ok(site), "the embedded tiny worker coming up")
+        site.start_embedded("the embedded tiny worker coming up")
         headers = {"Authorization": f"Bearer {key}"}
         ok = httpx.post(f"{site.url}/v1/completions", headers=headers, timeout=60,
                         json={"model": "tiny", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})

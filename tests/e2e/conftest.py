@@ -26,9 +26,8 @@ def embedded_site(tmp_path_factory, tiny_llama_dir):
     site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
     site.manage("ensure_bundled_model")
     site.keys = {"all": site.create_key("all models"), "tiny": site.create_key("tiny only", "tiny")}
-    site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})
     try:
-        site.wait_until(lambda: readyz_ok(site), "embedded workers for tiny and smollm2 coming up")
+        site.start_embedded("embedded workers for tiny and smollm2 coming up")
         yield site
     finally:
         site.stop()

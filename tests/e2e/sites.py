@@ -71,6 +71,13 @@ class Site:
         return self.spawn("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
                                      "webapp.config.asgi:application"], extra_env)
 
+    def start_embedded(self, what: str, extra_env: dict | None = None) -> subprocess.Popen:
+        """Daphne with the engine workers in its own process, once /readyz says they serve (``what``
+        names them in the failure); the caller stops the site whether or not they came up."""
+        daphne = self.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1", **(extra_env or {})})
+        self.wait_until(lambda: readyz_ok(self), what)
+        return daphne
+
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""

@@ -26,7 +26,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.sites import make_site, readyz_ok
+from tests.e2e.sites import make_site
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +47,8 @@ def site(tmp_path_factory, tiny_llama_dir):
                 "[get_user_model().objects.create_user(n) for n in ('flooder', 'prober')]")
     site.keys = {user: site.manage("create_api_key", "--name", user, "--user", user).strip().splitlines()[-1]
                  for user in ("flooder", "prober")}
-    site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})
     try:
-        site.wait_until(lambda: readyz_ok(site), "embedded workers for fair and fifo coming up")
+        site.start_embedded("embedded workers for fair and fifo coming up")
         yield site
     finally:
         site.stop()

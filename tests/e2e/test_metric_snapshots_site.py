@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.sites import TINY_SETTINGS, make_site, readyz_ok
+from tests.e2e.sites import TINY_SETTINGS, make_site
 
 pytestmark = pytest.mark.e2e
 
@@ -28,9 +28,8 @@ def _snapshots(site, model: str) -> list[tuple]:
 def test_the_embedded_server_samples_its_workers_every_interval(tmp_path_factory, tiny_llama_dir):
     site = make_site(tmp_path_factory.mktemp("snapshot_site"), {"PAGODA_METRICS_INTERVAL_S": str(INTERVAL_S)})
     site.manage("register_model", "tiny", str(tiny_llama_dir), "--engine-settings", json.dumps(TINY_SETTINGS))
-    site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})
     try:
-        site.wait_until(lambda: readyz_ok(site), "the embedded tiny worker coming up")
+        site.start_embedded("the embedded tiny worker coming up")
         started = time.monotonic()
         site.wait_until(lambda: len({row[0] for row in _snapshots(site, "tiny")}) >= 3,
                         "three snapshots of the embedded worker", timeout=20 * INTERVAL_S)
