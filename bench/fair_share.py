@@ -11,7 +11,8 @@ through PAGODA_ENGINE_FAIR_SHARE). On each server:
    while B sends its probes one at a time again (alternated, so that the machine's drift hits
    both alike);
 
-and prints B's TTFT p50/p95 idle and under the flood (target: at most 2x idle), the flood's
+and prints how many of B's requests under the flood were served and how many refused (the TTFTs
+are the served ones'), B's TTFT p50/p95 idle and under the flood (target: at most 2x idle), the flood's
 output tokens/s alone and while B is served (target: at least 0.9x), and where B's TTFT goes: the
 engine's own TTFT for B (from B's usage records: queueing in the engine, prefill, the step it
 shares), and the flood's inter-token time (the step time at the flood's batch). The flood's tokens
@@ -217,6 +218,7 @@ def main() -> int:
     print("\n                                   " + "".join(f"{'fair_share ' + m:>16}" for m in modes))
     rows = [
         ("B TTFT idle p50 / p95 (ms)", lambda r: f"{ms(r['idle'], 50)} /{ms(r['idle'], 95)}"),
+        ("B requests under flood: served / refused", lambda r: f"{len(r['loaded']):8d} /{len(r['b_failures']):8d}"),
         ("B TTFT under flood p50 / p95 (ms)", lambda r: f"{ms(r['loaded'], 50)} /{ms(r['loaded'], 95)}"),
         ("  ratio p50 (target <= 2)", lambda r: f"{percentile(r['loaded'], 50) / percentile(r['idle'], 50):17.2f}"),
         ("B engine TTFT idle p50 (ms)", lambda r: f"{ms(r['engine_idle'], 50):>17}"),

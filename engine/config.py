@@ -42,6 +42,8 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 # capital of France?". Offline batch jobs gain 1.24x from it: set it to this for them.
 DENSE_ROWS_CROSSOVER = 17
 DEFAULT_QUANTIZATION_DENSE_ROWS = None
+# On CPU with fair share, the default cap on the decodes of one step (max_num_decodes_per_step)
+CPU_MAX_NUM_DECODES_PER_STEP = 32
 # On CPU the default KV pool holds max_num_seqs x max_model_len tokens, at most this fraction
 # of the machine's memory.
 CPU_KV_CACHE_MEMORY_FRACTION = 0.1
@@ -197,6 +199,12 @@ class EngineConfig:
                                          minimum=1)
     max_num_seqs: int = _setting(128, "most sequences running at once", minimum=1)
     max_num_batched_tokens: int = _setting(2048, "most tokens in one step", minimum=1)
+    max_num_decodes_per_step: int | None = _setting(
+        None, "most running sequences fed a decode token in one step; past it they take turns, those "
+        f"that waited longest first. Default (null): {CPU_MAX_NUM_DECODES_PER_STEP} on a CPU with "
+        "fair_share (a step's time grows with its rows there: 128 decodes take 4x what 32 take, "
+        "for the same tokens/s, and a request arriving waits for the step in progress), no cap on "
+        "CUDA or without fair_share; 0: no cap", minimum=0, is_nullable=True)
     max_model_len: int | None = _setting(None, "context length in tokens; default: the model's own",
                                          minimum=1)
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of a shared prompt prefix", bool)
@@ -247,3 +255,10 @@ def check_settings(settings: object) -> dict:
         raise InvalidParameterError("engine_settings", "must be an object of engine settings")
     EngineConfig.from_settings("unchecked", settings)
     return dict(sorted(settings.items()))
+
+
+def max_num_decodes(config: EngineConfig, device_type: str) -> int | None:
+    """The scheduler's cap on one step's decodes (None: none), its default resolved for the device."""
+    if config.max_num_decodes_per_step is not None:
+        return config.max_num_decodes_per_step or None
+    return CPU_MAX_NUM_DECODES_PER_STEP if device_type == "cpu" and config.fair_share else None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.scheduling.block_manager import BlockManager
-from engine.config import EngineConfig
+from engine.config import EngineConfig, max_num_decodes
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
 from engine.scheduling.admission import check_length, check_request, check_tenancy, check_token_ids, encode_prompt
@@ -78,7 +78,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    policy=config.scheduling_policy, fair_share=config.fair_share,
-                                   max_tenant_kv_share=config.max_tenant_kv_share)
+                                   max_tenant_kv_share=config.max_tenant_kv_share,
+                                   max_num_decodes=max_num_decodes(config, self.runner.device.type))
         self.scheduler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                                   self.eos_token_ids)  # structured outputs
         self._requests: dict[str, _Request] = {}

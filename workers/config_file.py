@@ -41,6 +41,8 @@ SERVING_ENV = {
     "request_timeout_s": ("PAGODA_REQUEST_TIMEOUT_S", float, 600.0),
     "drain_timeout_s": ("PAGODA_DRAIN_TIMEOUT", float, 30.0),
 }
+# serving keys whose value may not go below this (else 0 and up); None stays unset
+SERVING_MINIMUM = {"max_requests_in_flight": 1}  # 0 places would refuse every generation request
 SECTIONS = ("engine", "serving")
 
 
@@ -108,7 +110,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> PagodaConfig:
             where, value = f"{path}: serving.{key}", file_serving[key]
         if environ.get(variable):
             where, value = variable, _yaml_value(environ[variable], variable)
-        serving[key] = _check_serving(value, kind, where)
+        serving[key] = _check_serving(value, kind, where, SERVING_MINIMUM.get(key, 0))
         sources[key] = where.split(": ")[0] if where != "default" else "default"
     return PagodaConfig(path, engine, serving, sources, frozenset(env_engine))
 
@@ -150,10 +152,10 @@ def _check_engine(key: str, value, where: str) -> None:
         raise ConfigError(where, exc.message) from exc
 
 
-def _check_serving(value, kind: type, where: str):
+def _check_serving(value, kind: type, where: str, minimum: int = 0):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum or (
             kind is int and not isinstance(value, int)):
-        raise ConfigError(where, f"must be {'an integer' if kind is int else 'a number'} >= 0, got {value!r}")
+        raise ConfigError(where, f"must be {'an integer' if kind is int else 'a number'} >= {minimum}, got {value!r}")
     return kind(value)

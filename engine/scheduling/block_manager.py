@@ -12,10 +12,17 @@ and one cannot observe the other's prefixes through hits. Only the full blocks w
 inside ``seq.shared_prefix_len`` (a prefix staff marked as shared) chain from
 ``PUBLIC_ROOT``; the block after them chains from the last public hash salted with the
 tenant.
+
+``PUBLIC_ROOT`` is a random 128-bit secret drawn once per process, so every hash of the chain (and
+every tenant's salt) depends on it. xxh3 is fast, not collision resistant: with a known root, a
+tenant could search offline for a prompt whose block hashes like a shared block's and have its
+own KV served to others, or theirs to it (vLLM's CVE-2025-25183, with Python's hash). Nothing
+outside this process ever sees or compares the hashes, so the secret costs nothing.
 """
 
 from __future__ import annotations
 
+import secrets
 from array import array
 from collections import OrderedDict
 
@@ -23,7 +30,8 @@ import xxhash
 
 from engine.scheduling.sequence import Sequence
 
-PUBLIC_ROOT = 0  # the root of the chain every tenant may share (staff-marked prefixes only)
+# The root of the chain every tenant may share (staff-marked prefixes only); secret: see above
+PUBLIC_ROOT = secrets.randbits(128)
 
 
 def tenant_salted(parent_hash: int, tenant_id: str) -> int:

@@ -124,6 +124,31 @@ class FairShare:
         self.tenants = {k: t for k, t in self.tenants.items() if t.is_active or t.counter > self.floor}
 
     # ----------------------------------------------------------------- decisions
+    def newcomers(self, waiting: list[Sequence], running: list[Sequence], policy: str) -> set[str]:
+        """Tenants with nothing running and a request never yet scheduled waiting, while another
+        tenant's sequences run, and served no more per weight than any running tenant (a tenant
+        back from idle starts at the floor, so an interactive user's next request qualifies; a
+        tenant over its share waits its turn): the scheduler gives them a step of their own. Under
+        the "priority" policy only those whose next request is as urgent as the most urgent running
+        sequence (a Batch API line does not hold up interactive decodes). Empty with one tenant."""
+        if not running or self.num_waiting == 0 or len(self.tenants) < 2:
+            return set()
+        lowest_running = min((t.counter for t in self.tenants.values() if t.num_running), default=0.0)
+        found = {tid for tid, t in self.tenants.items()
+                 if t.num_waiting and not t.num_running and t.counter <= lowest_running}
+        if not found:
+            return found
+        heads: dict[str, Sequence] = {}
+        is_new: set[str] = set()
+        for seq in waiting:  # in policy order: the first of each tenant is its head
+            tid = self.tenant_id(seq)
+            if tid in found:
+                heads.setdefault(tid, seq)
+                if seq.is_first_schedule:
+                    is_new.add(tid)
+        most_urgent = running[0].priority  # running is in policy order
+        return {tid for tid in is_new if policy != "priority" or heads[tid].priority <= most_urgent}
+
     def admission_queue(self, waiting: list[Sequence], policy: str, skip: set[str]) -> AdmissionQueue:
         return AdmissionQueue(self, waiting, policy, skip)
 

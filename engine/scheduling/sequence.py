@@ -48,6 +48,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
         self.num_preemptions = 0
         self.is_first_schedule = True
+        self.fed_at = (0, 0)  # (the scheduler's step, the place in it) it was last fed tokens
         self.grammar = None  # a constrained request's RequestGrammar (engine/structured/grammar.py)
 
     @property

@@ -16,10 +16,10 @@ A, B, C = Tenant("user:a"), Tenant("user:b"), Tenant("user:c")
 
 
 def make(num_blocks=400, block_size=4, max_num_seqs=8, max_tokens=64, policy="fcfs", fair_share=True,
-         kv_share=1.0):
+         kv_share=1.0, max_num_decodes=None):
     bm = BlockManager(num_blocks, block_size)
     return Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, policy=policy,
-                     fair_share=fair_share, max_tenant_kv_share=kv_share)
+                     fair_share=fair_share, max_tenant_kv_share=kv_share, max_num_decodes=max_num_decodes)
 
 
 _ids = iter(range(10**9))
@@ -120,6 +120,8 @@ def test_one_tenant_is_scheduled_exactly_as_without_fair_share(policy, shared_pr
 
 # ----------------------------------------------------------------- admission
 def test_another_tenants_request_is_admitted_at_the_next_step_despite_a_flood_of_200():
+    """In a step of its own: its first token after a short step, not after a step of the whole
+    batch; the decodes go on at the next step, the newcomer's own among them."""
     s = make(max_num_seqs=8)
     add(s, A, 200, max_tokens=50)
     for _ in range(5):
@@ -128,10 +130,35 @@ def test_another_tenants_request_is_admitted_at_the_next_step_despite_a_flood_of
     s.add(b)
     out = step(s)
 
-    assert b in [e.seq for e in out.scheduled]
+    assert [(e.seq, e.num_new_tokens) for e in out.scheduled] == [(b, 8)] and b.num_output_tokens == 1
     assert len(out.preempted) == 1 and out.preempted[0].tenant == A  # A's newest gave up its seat
     assert s.num_running == 8
     check_books(s)
+
+    out = step(s)
+    assert len(out.scheduled) == 8 and all(e.num_new_tokens == 1 for e in out.scheduled)
+    assert b in [e.seq for e in out.scheduled]
+    b2 = seq(B)
+    s.add(b2)  # B has a sequence running: no step of its own
+    assert len(step(s).scheduled) > 1
+    check_books(s)
+
+
+def test_no_step_of_its_own_for_a_tenant_over_its_share_or_a_less_urgent_request():
+    s = make(max_num_seqs=8)
+    add(s, A, 4, max_tokens=50)
+    step(s)
+    s.fair.tenants[A.id].counter = 0.0  # A served less than B below
+    b = seq(B)
+    s.add(b)
+    s.fair.tenants[B.id].counter = 100.0
+    assert len(step(s).scheduled) == 5  # with the decodes, in fair order
+
+    s = make(max_num_seqs=8, policy="priority")
+    add(s, A, 4, max_tokens=50)
+    step(s)
+    s.add(seq(B, priority=2**31 - 1))  # a Batch API line
+    assert len(step(s).scheduled) == 5
 
 
 def test_without_fair_share_the_same_request_waits_behind_the_flood():
@@ -213,7 +240,8 @@ def test_when_the_pool_runs_out_the_tenant_over_its_share_is_preempted_not_the_n
     step(s)  # A: 3 x 2 blocks
     b = seq(B, n=7, max_tokens=20)
     s.add(b)
-    step(s)  # B: 2 blocks, the newest running; 8 of 10 held, and each needs a third next step
+    assert [e.seq for e in step(s).scheduled] == [b]  # B's step alone: 2 blocks, the newest running
+    step(s)  # 8 of 10 held, and each needs a third next step
     out = step(s)
 
     assert out.preempted == [a_seqs[-1]]  # A's newest (A holds 6 blocks, B 2)
@@ -320,3 +348,33 @@ def test_the_books_balance_and_idle_tenants_are_forgotten_after_aborts_and_preem
     # Idle tenants are forgotten but for those served past the floor (they keep their lead)
     assert s.fair.tenants and all(not t.is_active and t.counter > s.fair.floor for t in s.fair.tenants.values())
     s.block_manager.check_all_free()
+
+
+# ----------------------------------------------------------------- the decode cap
+def test_past_the_decode_cap_running_sequences_take_turns_and_prefills_still_run():
+    s = make(max_num_seqs=16, max_tokens=128, max_num_decodes=4)
+    seqs = add(s, A, 10, max_tokens=40)
+    step(s)  # ten prefills (the cap is on decodes)
+    fed, last = Counter(), {q.request_id: 1 for q in seqs}
+    for i in range(2, 27):
+        out = step(s)
+        assert len(out.scheduled) == 4 and all(e.num_new_tokens == 1 for e in out.scheduled)
+        for e in out.scheduled:
+            assert i - last[e.seq.request_id] <= 3  # 10 sequences, 4 a step: none waits more than 3 steps
+            last[e.seq.request_id] = i
+        fed.update(e.seq.request_id for e in out.scheduled)
+    assert set(fed.values()) == {10}  # 100 decodes in 25 steps: 10 each, a round robin
+    late = add(s, A, 1, max_tokens=40)[0]
+    out = step(s)
+    assert late in [e.seq for e in out.scheduled] and len(out.scheduled) == 5  # 4 decodes + its prompt
+    check_books(s)
+
+
+def test_the_decode_cap_defaults_to_32_on_a_cpu_with_fair_share_only():
+    from engine.config import EngineConfig, max_num_decodes
+
+    assert max_num_decodes(EngineConfig("m"), "cpu") == 32
+    assert max_num_decodes(EngineConfig("m"), "cuda") is None
+    assert max_num_decodes(EngineConfig("m", fair_share=False), "cpu") is None  # FCFS as it was
+    assert max_num_decodes(EngineConfig("m", max_num_decodes_per_step=8), "cuda") == 8
+    assert max_num_decodes(EngineConfig("m", max_num_decodes_per_step=0), "cpu") is None

@@ -136,3 +136,30 @@ def test_a_tenant_is_a_frozen_value():
     assert Tenant("user:1", 2) == Tenant("user:1", 2.0) and Tenant() == Tenant("", 1.0)
     with pytest.raises(AttributeError):
         Tenant().id = "user:2"
+
+
+_HASHES_OF_A_PROCESS = """
+from engine.sampling_params import SamplingParams
+from engine.scheduling.block_manager import BlockManager, hash_block_tokens, tenant_salted
+from engine.scheduling.sequence import Sequence
+from engine.tenancy import Tenant
+seq = Sequence("r", list(range(40)), SamplingParams(), tenant=Tenant("user:7"), shared_prefix_len=16)
+hashes = BlockManager(8, 16).full_block_hashes(seq)
+public = hash_block_tokens(0, list(range(16)))  # what a known root (0) would give
+print(hashes[0] != public, hashes[1] != hash_block_tokens(tenant_salted(public, "user:7"), list(range(16, 32))),
+      hashes == BlockManager(8, 16).full_block_hashes(seq), hashes[0], hashes[1])
+"""
+
+
+def test_block_hashes_root_in_a_secret_of_the_process_not_a_known_constant():
+    """xxh3 is not collision resistant: with a known root a tenant could craft a prompt whose blocks
+    hash like a shared block's offline (vLLM CVE-2025-25183). The public root is a random secret per
+    process: the hashes are stable within it, differ between processes, and match no known root."""
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", _HASHES_OF_A_PROCESS], capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    for run in runs:
+        assert run[:3] == ["True", "True", "True"]
+    assert runs[0][3] != runs[1][3] and runs[0][4] != runs[1][4]

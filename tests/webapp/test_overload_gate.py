@@ -58,11 +58,12 @@ async def call(gate, scope_=None, receive=None):
     return sent
 
 
-async def started(gate, app, n, path="/v1/completions"):
+async def started(gate, app, n, path="/v1/completions", key: str | None = None):
+    """``n`` requests let through to ``app`` and held there (with ``key``: its Authorization header)."""
     tasks = []
     for _ in range(n):
         app.entered.clear()
-        tasks.append(asyncio.ensure_future(call(gate, scope(path))))
+        tasks.append(asyncio.ensure_future(call(gate, scope(path) if key is None else keyed(key, path))))
         await asyncio.wait_for(app.entered.wait(), 5)
     return tasks
 
@@ -93,6 +94,48 @@ async def test_past_capacity_a_generation_request_gets_503_server_overloaded_wit
     assert [(await t)[0]["status"] for t in running] == [200, 200]
     assert gate.in_flight == 0
     assert (await call(gate))[0]["status"] == 200  # room again
+
+
+def keyed(key: str, path="/v1/completions"):
+    return scope(path, headers=[(b"content-type", b"application/json"), (b"authorization", f"Bearer {key}".encode())])
+
+
+
+@pytest.mark.asyncio
+async def test_one_key_filling_the_gate_does_not_lock_other_keys_out():
+    """At capacity a caller under its equal part still gets a place (up to 2x capacity in all); one
+    at or over it is refused: a flood of one key cannot keep every other key's requests out."""
+    app = Held()
+    gate, refused = gate_of(app, capacity=4)
+    flood = await started(gate, app, 4, key="sk-flood")
+    assert (await call(gate, keyed("sk-flood")))[0]["status"] == 503  # the flood is at its part and more
+
+    other = await started(gate, app, 1, key="sk-other")  # nothing held: below 4 / 2 callers
+    assert gate.in_flight == 5 and gate.held and len(gate.held) == 2
+    assert (await call(gate, keyed("sk-flood")))[0]["status"] == 503
+    other += await started(gate, app, 1, key="sk-other")  # 1 place x 2 callers < 4
+    assert (await call(gate, keyed("sk-other")))[0]["status"] == 503  # 2 x 2 callers: its part
+    third = await started(gate, app, 1, key="sk-third")  # 0 of 4 / 3
+    assert gate.in_flight == 7
+    fourth = await started(gate, app, 1, key="sk-fourth")  # the 8th place: 2x capacity
+    assert (await call(gate, keyed("sk-fifth")))[0]["status"] == 503  # past 2x capacity, whoever asks
+    assert len(refused) == 4 and gate.in_flight == 8
+
+    app.release.set()
+    await asyncio.gather(*flood, *other, *third, *fourth)
+    assert gate.in_flight == 0 and gate.held == {}
+
+
+@pytest.mark.asyncio
+async def test_requests_without_a_key_count_as_one_caller():
+    app = Held()
+    gate, refused = gate_of(app, capacity=2)
+    running = await started(gate, app, 2)
+    assert (await call(gate))[0]["status"] == 503
+    running += await started(gate, app, 1, key="sk-key")
+    app.release.set()
+    await asyncio.gather(*running)
+    assert gate.held == {} and len(refused) == 1
 
 
 @pytest.mark.asyncio

@@ -67,6 +67,8 @@ def test_a_bad_environment_override_is_refused_naming_the_variable():
         load_config({"PAGODA_ENGINE_MAX_NUM_SEQ": "4"})
     with pytest.raises(ConfigError, match="^PAGODA_QUEUE_TIMEOUT_S: must be a number >= 0"):
         load_config({"PAGODA_QUEUE_TIMEOUT_S": "-1"})
+    with pytest.raises(ConfigError, match="^PAGODA_MAX_REQUESTS_IN_FLIGHT: must be an integer >= 1, got 0"):
+        load_config({"PAGODA_MAX_REQUESTS_IN_FLIGHT": "0"})  # no place at all: every request refused
     with pytest.raises(ConfigError, match="^PAGODA_CONFIG: cannot read /nonexistent/pagoda.yaml"):
         load_config({"PAGODA_CONFIG": "/nonexistent/pagoda.yaml"})
 

@@ -28,6 +28,17 @@ finds none keeps the last bound, so that heartbeats missed under load never open
 count is this process's own; the queue, checked atomically across processes, stays the authority,
 and a request let through here may still be refused there (or by its key's limits: 429, as before).
 
+Places per caller: the gate cannot know tenants (it runs before the key check), but it can tell
+callers apart by their ``Authorization`` header (kept as a salted hash, never the key). At capacity,
+a caller holding less than an equal part of it (capacity / the callers holding places, itself
+counted) still gets a place, up to OVERBOOK x capacity in all; a caller at or over its part is
+refused. So one key's flood that fills the gate does not lock every other key out: their requests
+go on to the engine, whose scheduler gives them a seat by fair share (engine/scheduling/fair_share.py;
+with fair share a worker claims up to 2 x max_num_seqs, the same 2x), while the flood keeps the
+rest. Without it, under a 200-stream flood of one key against 128 places, another key's requests
+were refused 80 times in 83 (bench/fair_share.py). A user with several keys counts once per key
+here; the engine's share is per user.
+
 A refusal here comes before the key is known, so it has no usage record; it is counted in
 ``pagoda:api_requests_shed_total`` (webapp/monitoring/metrics.py). Its ``X-Request-Id`` is fresh, as
 every API answer's, and names nothing stored.
@@ -49,14 +60,16 @@ logger = logging.getLogger(__name__)
 
 CAPACITY_TTL_S = 1.0  # the workers' capacity, once read, is taken as current this long
 LOG_EVERY_S = 10.0  # at most one log line per this long about refusals (a burst is thousands)
+OVERBOOK = 2  # at capacity, callers under their part still get places up to this x capacity in all
 OVERLOADED = OpenAIError(
     503, "The server is overloaded: it has as many requests in progress as it can serve; try again shortly.",
     type="server_error", code=SERVER_OVERLOADED, headers={"Retry-After": str(int(RETRY_AFTER_S))})
 
 
 class InFlightGate:
-    """ASGI middleware: counts the requests of ``paths`` (path -> endpoint name) in flight and
-    refuses those past ``capacity``.
+    """ASGI middleware: counts the requests of ``paths`` (path -> endpoint name) in flight, in all
+    and per caller (``Authorization`` header), and refuses those past ``capacity`` unless their
+    caller holds less than its part (see the module's docstring).
 
     ``max_in_flight`` fixes the capacity; None reads it with ``read_capacity`` (blocking, run in a
     thread; None from it: no bound). ``new_request_id(endpoint)`` names a refusal;
@@ -75,6 +88,7 @@ class InFlightGate:
         self.max_in_flight, self.read_capacity = max_in_flight, read_capacity
         self.new_request_id, self.on_refused = new_request_id, on_refused
         self.in_flight = 0
+        self.held: dict[int, int] = {}  # caller (hash of its Authorization header) -> places it holds
         self.num_refused = 0
         self._capacity: int | None = max_in_flight
         self._read_at: float | None = None  # time.monotonic() of the last read, failed or not
@@ -94,13 +108,26 @@ class InFlightGate:
                 self._read()  # any request (a readiness probe) readies the capacity for the first burst
             return await self.app(scope, receive, send)
         capacity = self._capacity if self.max_in_flight is not None else await self.capacity()
-        if capacity is not None and self.in_flight >= capacity:
+        caller = hash(next((value for name, value in scope["headers"] if name == b"authorization"), b""))
+        held = self.held.get(caller, 0)
+        if capacity is not None and self.in_flight >= capacity and not self._is_under_part(held, capacity):
             return await self._refuse(send, endpoint, capacity)
         self.in_flight += 1
+        self.held[caller] = held + 1
         try:
             return await self.app(scope, receive, send)
         finally:  # returned, raised, or cancelled (the client left, the server stops)
             self.in_flight -= 1
+            if (left := self.held[caller] - 1) > 0:
+                self.held[caller] = left
+            else:
+                del self.held[caller]
+
+    def _is_under_part(self, held: int, capacity: int) -> bool:
+        """At capacity: whether a caller holding ``held`` places gets one more (below its equal
+        part of the capacity, the callers holding places and itself counted; OVERBOOK x in all)."""
+        num_callers = len(self.held) + (held == 0)
+        return self.in_flight < OVERBOOK * capacity and held * num_callers < capacity
 
     def _counted(self, scope) -> str | None:
         if scope["type"] != "http" or scope["method"] != "POST":
