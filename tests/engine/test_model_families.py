@@ -94,6 +94,31 @@ def test_qwen3_matches_transformers(tmp_path, smollm2_tokenizer):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["top2-normalised", "top3-with-a-dense-layer"])
+def test_qwen3_moe_matches_transformers(variant, tmp_path, smollm2_tokenizer):
+    """Top-k routing over 8 experts, batched per step; renormalised top-2 weights, or the raw
+    softmax weights of 3 experts with layer 1's MLP dense (mlp_only_layers)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    moe = dict(num_experts=8, moe_intermediate_size=32)
+    if variant == "top2-normalised":
+        moe.update(num_experts_per_tok=2, norm_topk_prob=True)
+    else:
+        moe.update(num_experts_per_tok=3, norm_topk_prob=False, mlp_only_layers=[1])
+    path = save_tiny(tmp_path, Qwen3MoeForCausalLM, Qwen3MoeConfig(**SIZES, **moe),
+                     smollm2_tokenizer)
+    llm = assert_matches_transformers(path)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "qwen3_moe" and cfg.num_experts == 8
+    assert cfg.moe_layers == ([True, True] if variant == "top2-normalised" else [True, False])
+    # every expert of layer 0 was routed some token in this batch (so each one's weights mattered)
+    block = llm.engine.runner.model.model.layers[0].mlp
+    prompt = torch.tensor(prompts_of()[2])
+    hidden = llm.engine.runner.model.model.embed_tokens(prompt)
+    assert set(block.route(hidden)[1].flatten().tolist()) == set(range(8))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["sliding-window", "longrope"])
 def test_phi3_matches_transformers(variant, tmp_path, smollm2_tokenizer):
     """Phi-3's fused qkv_proj / gate_up_proj load whole. Its longrope (the factor from
