@@ -177,6 +177,29 @@ def test_gemma3_matches_transformers(tiny_gemma3_dir):
 
 
 @pytest.mark.slow
+def test_gemma3_window_blocks_freed_fit_more_full_length_sequences(tiny_gemma3_dir):
+    """48 one-layer blocks: one pool of every layer holds 2 sequences of 128 tokens (8 blocks
+    each); with the window layers' blocks freed as decoding passes the window (8 tokens), 3
+    run side by side to 128 tokens without a preemption, still transformers' tokens."""
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(str(tiny_gemma3_dir), num_kv_blocks=16, max_num_batched_tokens=16,
+              enable_prefix_caching=False, **EXACT)
+    split = llm.engine.runner.window_split
+    assert (split.num_seqs, split.num_seqs_without_freeing()) == (3, 2)
+    prompts = prompts_of((8, 8, 8))
+    prompts = [[p + i for p in prompt] for i, prompt in enumerate(prompts)]
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    assert llm.engine.stats().num_preemptions == 0
+    manager = llm.engine.block_manager
+    assert manager.num_window_blocks == 8  # 3 x 8 blocks of tokens went through 8 window blocks
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32).eval()
+    assert_same(outputs, [hf_greedy(hf, p, 120, [-1]) for p in prompts])
+    manager.check_all_free()
+
+
+@pytest.mark.slow
 def test_gemma3_sliding_window_is_what_changes_long_prompts(tiny_gemma3_dir, smollm2_tokenizer,
                                                             tmp_path):
     """The window matters: with it widened past every sequence, a prompt longer than the window
