@@ -98,9 +98,10 @@ class WindowSplit:
 
 
 def window_split(budget_layer_blocks: int, *, window_layers: list[bool], window: int,
-                 max_model_len: int, block_size: int, max_num_batched_tokens: int) -> WindowSplit:
-    """Two groups' block counts from one budget (WindowSplit); MemoryError when it cannot hold
-    one block of each and the window group's reserve."""
+                 max_model_len: int, block_size: int, max_num_batched_tokens: int) -> WindowSplit | None:
+    """Two groups' block counts from one budget (WindowSplit); None where they would hold no
+    more max_model_len sequences than one pool of every layer (contexts within the window, or a
+    budget the window group's reserve takes most of): then nothing is split, nothing freed."""
     num_window = sum(window_layers)
     num_full = len(window_layers) - num_window
     full = max_blocks_per_seq(max_model_len, block_size)
@@ -110,7 +111,7 @@ def window_split(budget_layer_blocks: int, *, window_layers: list[bool], window:
     num_seqs = max(budget_layer_blocks - reserve, 0) // (num_full * full + num_window * in_window)
     num_window_blocks = num_seqs * in_window + chunk + 1
     num_full_blocks = (budget_layer_blocks - num_window * num_window_blocks) // num_full
-    if num_full_blocks < 1:
-        raise MemoryError(f"the KV budget ({budget_layer_blocks} one-layer blocks) does not hold "
-                          f"the sliding-window layers' reserve ({reserve}) and a block of the others")
-    return WindowSplit(num_full_blocks, num_window_blocks, num_full, num_window, full, in_window, chunk)
+    if num_full_blocks < full:
+        return None  # the window group's reserve leaves less than one sequence: one pool instead
+    split = WindowSplit(num_full_blocks, num_window_blocks, num_full, num_window, full, in_window, chunk)
+    return split if split.num_seqs > split.num_seqs_without_freeing() else None

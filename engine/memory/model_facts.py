@@ -62,7 +62,8 @@ class ModelFacts:
     def window_capacity(self, *, kv_tokens: int, max_model_len: int, block_size: int,
                         max_num_batched_tokens: int):
         """kv_pool_sizing.WindowSplit of a pool of ``kv_tokens`` tokens (every layer), None when
-        the model does not both mix window and full layers with one window (nothing freed)."""
+        the model does not both mix window and full layers with one window, or when freeing
+        would fit no more sequences (nothing is split then)."""
         windows = {w for w in self.layer_windows if w}
         if len(windows) != 1 or all(self.layer_windows):
             return None

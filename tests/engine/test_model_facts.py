@@ -87,3 +87,14 @@ def test_gemma3_270m_facts_and_window_capacity(gemma_270m):
     split = facts.window_capacity(kv_tokens=137_120, max_model_len=32768, block_size=16,
                                   max_num_batched_tokens=512)
     assert split.num_seqs_without_freeing() == 4 and split.num_seqs >= 5 * 4
+
+
+@pytest.mark.slow
+def test_gemma3_270m_validates_without_a_chat_template(gemma_270m, capsys):
+    """The upload's validation of the PyPI Gemma: its tensors checked against the Gemma model (not
+    Llama's names), no template required, the facts and memory reported."""
+    assert validate_main([str(gemma_270m)]) == 0
+    final = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert final["ok"] is True and final["chat_template"] is False
+    assert final["facts"]["attention"] == "15 local (512) / 3 global"
+    assert final["summary"].startswith("gemma3, context 32768") and "MiB" in final["memory"]

@@ -110,17 +110,22 @@ def test_forked_samples_share_window_blocks():
     bm.check_all_free()
 
 
-@pytest.mark.parametrize("max_model_len, more", [(32768, True), (16, False)])
-def test_window_split_holds_more_long_sequences(max_model_len, more):
-    """Gemma 3 270M's pattern, 15 window (512) / 3 full layers; a context past the window holds
-    many times the sequences, one within it no more than one pool would."""
-    layers = [(i + 1) % 6 != 0 for i in range(18)]
-    split = window_split(18 * 4096, window_layers=layers, window=512, max_model_len=max_model_len,
+GEMMA_270M_LAYERS = [(i + 1) % 6 != 0 for i in range(18)]  # 15 window (512) / 3 full layers
+
+
+def test_window_split_holds_more_long_sequences():
+    """A context past the window: many times the sequences one pool of every layer holds."""
+    split = window_split(18 * 4096, window_layers=GEMMA_270M_LAYERS, window=512, max_model_len=32768,
                          block_size=16, max_num_batched_tokens=512)
     assert split.num_full_layers == 3 and split.num_window_layers == 15
-    budget = 3 * split.num_full_blocks + 15 * split.num_window_blocks
-    assert budget <= 18 * 4096
-    if more:
-        assert split.num_seqs >= 4 * max(split.num_seqs_without_freeing(), 1)
-    else:
-        assert split.num_seqs <= split.num_seqs_without_freeing()
+    assert 3 * split.num_full_blocks + 15 * split.num_window_blocks <= 18 * 4096
+    assert split.num_seqs >= 4 * max(split.num_seqs_without_freeing(), 1)
+
+
+@pytest.mark.parametrize("budget, max_model_len", [(18 * 4096, 256), (72, 64)])
+def test_no_split_where_it_would_hold_no_more(budget, max_model_len):
+    """Contexts within the window gain nothing, and a pool of 4 blocks (validation's forward
+    pass) cannot hold the window group's reserve: one pool of every layer then."""
+    assert window_split(budget, window_layers=GEMMA_270M_LAYERS, window=512,
+                        max_model_len=max_model_len, block_size=16,
+                        max_num_batched_tokens=2048) is None
