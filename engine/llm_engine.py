@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.window_blocks import WindowedBlockManager
 from engine.config import EngineConfig, max_num_decodes
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
@@ -73,8 +74,14 @@ class LLMEngine:
         self.runner = ModelRunner(config, self.model_config, self.max_model_len,
                                   iter_weights(path, self.model_config), self.eos_token_ids, progress)
         release_after_load()  # the GGUF reader's metadata, the load's freed heap
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+        if self.runner.window_split is None:
+            self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                              config.enable_prefix_caching)
+        else:  # sliding-window layers' blocks freed as sequences pass the window
+            self.block_manager = WindowedBlockManager(
+                self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                num_window_blocks=self.runner.num_window_blocks,
+                window=max(w for w in self.model_config.layer_sliding_windows if w))
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    policy=config.scheduling_policy, fair_share=config.fair_share,

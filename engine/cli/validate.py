@@ -5,7 +5,8 @@
 With --convert-dtype the checkpoint's safetensors shards are first rewritten in that dtype
 (engine/cli/convert.py), so the checks and the recorded size are those of the converted files.
 Each line is ``{"step": "...", "progress": 0..1}``; the last is either
-``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>"}``
+``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>",
+"chat_template": bool, "facts": {...}, "summary": "gemma3, context 32768, ..."}``
 or ``{"ok": false, "error": "..."}``. The exit status is 0 exactly when the checkpoint is ok.
 The web process runs this as a child so that it never imports torch itself.
 """
@@ -27,51 +28,32 @@ HASH_CHUNK = 1 << 20
 Report = Callable[[str, float], None]
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Hugging Face tensor name -> shape the config implies (before Q/K/V and gate/up fusion)."""
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, h)
-    for n in range(config.num_hidden_layers):
-        p = f"model.layers.{n}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        })
-        if config.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
-    return shapes
-
-
 def check_weights(path: Path, config: ModelConfig, report: Report) -> int:
-    """Every tensor has the shape the config implies and none is missing; returns the element count."""
-    from engine.models.loader import iter_weights
+    """Every tensor has a place of its shape in the family's model and none is missing (the
+    model built on the meta device, so nothing is allocated); returns the element count."""
+    import torch
 
-    expected = expected_shapes(config)
+    from engine.models.loader import iter_weights, load_weights
+    from engine.models.registry import model_class
+
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
     weights = iter_weights(path, config)
-    total, num_parameters, seen = max(1, len(weights)), 0, set()
-    for done, (name, tensor) in enumerate(weights, start=1):
-        if "rotary_emb.inv_freq" in name:
-            continue
-        if name not in expected:
-            raise EngineError(f"tensor {name!r} has no place in a {config.architecture} model")
-        if tuple(tensor.shape) != expected[name]:
-            raise EngineError(f"tensor {name!r} has shape {tuple(tensor.shape)} but config.json "
-                              f"implies {expected[name]}")
-        seen.add(name)
-        num_parameters += tensor.numel()
-        if done * 20 // total != (done - 1) * 20 // total:  # about 20 progress lines, not one per tensor
-            report("checking tensor shapes", done / total)
-    missing = sorted(set(expected) - seen)
-    if missing:
-        raise EngineError(f"checkpoint lacks tensors: {missing[:8]}")
-    return num_parameters
+    total, count = max(1, len(weights)), [0, 0]
+
+    def counted():
+        for name, tensor in weights:
+            count[0] += 1
+            count[1] += tensor.numel()
+            if count[0] * 20 // total != (count[0] - 1) * 20 // total:  # about 20 progress lines
+                report("checking tensor shapes", count[0] / total)
+            yield name, tensor
+
+    try:
+        load_weights(model, counted())
+    except KeyError as exc:  # a tensor without a place, or places without a tensor
+        raise EngineError(f"{exc.args[0]} (a {config.architecture} model)") from exc
+    return count[1]
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -93,6 +75,8 @@ def checksum(path: Path) -> tuple[str, int]:
 def validate(model_path: str | Path, report: Report) -> dict:
     """The checks in order; raises EngineError (or ValueError/KeyError from the loaders) on failure."""
     from engine.llm import LLM
+    from engine.memory.estimate import estimate_memory
+    from engine.memory.model_facts import model_facts
     from engine.models.loader import load_model_config
     from engine.models.registry import resolve_model_path
     from engine.sampling_params import SamplingParams
@@ -100,13 +84,13 @@ def validate(model_path: str | Path, report: Report) -> dict:
 
     path = resolve_model_path(str(model_path))
     report("reading config", 0.0)
+    facts = model_facts(str(path))  # the family, and a GGUF's bytes and shapes against its metadata
     config = load_model_config(path)  # also refuses unsupported architectures
     report("loading tokenizer", 0.05)
     tokenizer = load_tokenizer(path)
-    if not tokenizer.chat_template:
-        raise EngineError("the tokenizer has no chat template")
-    tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                  add_generation_prompt=True)
+    if tokenizer.chat_template:  # without one the model serves completions (staff may set one)
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                      add_generation_prompt=True)
     num_parameters = check_weights(path, config, lambda step, p: report(step, 0.1 + 0.6 * p))
     report("running a forward pass", 0.7)
     llm = LLM(str(path), num_kv_blocks=4, max_model_len=64, enable_prefix_caching=False)
@@ -119,7 +103,9 @@ def validate(model_path: str | Path, report: Report) -> dict:
     digest, size = checksum(path)
     report("done", 1.0)
     return {"ok": True, "parameters": num_parameters, "context_length": config.max_position_embeddings,
-            "size_bytes": size, "checksum": digest}
+            "size_bytes": size, "checksum": digest, "chat_template": bool(tokenizer.chat_template),
+            "facts": facts.as_dict(), "summary": facts.describe(),
+            "memory": estimate_memory(str(path)).describe()}
 
 
 def _emit(record: dict) -> None:

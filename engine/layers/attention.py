@@ -83,6 +83,8 @@ class PagedAttention(nn.Module):
         """
         if self.use_triton:
             return self._forward_triton(q, k, v, kv_cache, meta)
+        if self.sliding_window is not None and meta.window is not None:
+            meta = meta.window  # this layer's cache is the window group's pool
         pool = kv_access.pool_access(kv_cache, q.dtype)
         pool.write(k, v, meta.slot_mapping)
         n = meta.num_prefill_tokens

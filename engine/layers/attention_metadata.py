@@ -67,6 +67,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [Nd, max_blocks] int32
     decode_context_lens: torch.Tensor | None = None  # [Nd] int32
     workspace: object = None  # layers.attention.Workspace shared by every layer (CPU path)
+    # The same step over the sliding-window layers' own pool (engine/scheduling/window_blocks.py),
+    # when the model keeps one; those layers read this instead.
+    window: AttentionMetadata | None = None
 
     def prefill_part(self) -> AttentionMetadata:
         """This step's prefill rows alone (CPU path), for a step whose decode rows run elsewhere

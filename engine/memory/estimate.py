@@ -250,7 +250,7 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
     """The architecture, the tensor table, and the bytes gguf's GGUFReader keeps for the file's
     metadata (the loader keeps one reader; see READER_BYTES_PER_PART)."""
     try:
-        fields, infos, parts = _gguf_header(path)
+        fields, infos, parts, _ = gguf_header(path)
     except (OSError, ValueError, struct.error) as exc:
         raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
 
@@ -263,7 +263,7 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
     heads = int(field(f"{name}.attention.head_count"))
     tensors = [_Tensor(hf_name(t_name) or t_name, tuple(reversed(dims)),
                        NATIVE_LAYOUTS.get(GGML_TYPES.get(kind)))
-               for t_name, dims, kind in infos]  # GGUF lists dims [in, out]
+               for t_name, dims, kind, _ in infos]  # GGUF lists dims [in, out]
     vocab = next(t.shape[0] for t in tensors if t.name == "model.embed_tokens.weight")
     arch = _Arch(vocab_size=vocab, hidden_size=hidden,
                  intermediate_size=int(field(f"{name}.feed_forward_length")),
@@ -284,9 +284,10 @@ TOKENIZER_BYTES_PER_TOKEN = 720
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
-def _gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int]], int]:
-    """GGUF v2/v3 metadata (arrays of strings are counted, not kept) and tensor infos, without
-    gguf's reader (seconds and 150 MiB for a vocabulary); and the number of reader parts."""
+def gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int, int]], int, int]:
+    """GGUF v2/v3 metadata (arrays of strings are counted, not kept) and tensor infos (name,
+    dims, type, offset in the data), without gguf's reader (seconds and 150 MiB for a
+    vocabulary); the number of reader parts; where the tensor data starts."""
     with open(path, "rb") as f:
         def read(fmt: str):
             return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
@@ -325,9 +326,11 @@ def _gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int]], in
         for _ in range(num_tensors):
             t_name = string()
             dims = [read("<Q") for _ in range(read("<I"))]
-            kind, _offset = read("<I"), read("<Q")
-            infos.append((t_name, dims, kind))
-    return fields, infos, parts
+            kind, offset = read("<I"), read("<Q")
+            infos.append((t_name, dims, kind, offset))
+        alignment = int(fields.get("general.alignment") or 32)
+        data_start = -(-f.tell() // alignment) * alignment
+    return fields, infos, parts, data_start
 
 
 def _read_safetensors(path: Path) -> tuple[_Arch, list[_Tensor], int]:

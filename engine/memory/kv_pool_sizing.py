@@ -7,6 +7,7 @@ it before anything loads; imports no torch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from engine.kernels.cpu import cpu_info
 from engine.config import CPU_KV_CACHE_MEMORY_FRACTION, EngineConfig
@@ -57,3 +58,60 @@ def num_kv_blocks(config: EngineConfig, *, device_type: str, max_model_len: int,
         raise MemoryError(f"the KV budget ({budget} bytes) does not hold one block "
                           f"({bytes_per_block} bytes)")
     return int(num)
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    """A pool for a model with sliding-window layers, in two groups of its own (the scheduler's
+    engine/scheduling/window_blocks.py): full-attention layers keep every block of a sequence,
+    sliding-window layers only those inside the window (plus what one step's chunk writes).
+
+    ``budget_layer_blocks``: the budget in blocks of one layer (all-layer blocks x layers).
+    The split gives each group the share that fills both at the same number of
+    ``max_model_len`` sequences, after the window group keeps one step's chunk and a null block.
+    """
+
+    num_full_blocks: int  # blocks of the full-attention group (each: every full layer's K/V)
+    num_window_blocks: int  # of the window group, its null block (id 0) included
+    num_full_layers: int
+    num_window_layers: int
+    blocks_per_seq: int  # a max_model_len sequence's blocks in the full group
+    window_blocks_per_seq: int  # and at most in the window group
+    chunk_blocks: int  # the window group's reserve for one step's new tokens
+
+    @property
+    def num_seqs(self) -> int:
+        """max_model_len sequences that fit at once, with window blocks freed."""
+        return min(self.num_full_blocks // self.blocks_per_seq,
+                   max(self.num_window_blocks - 1 - self.chunk_blocks, 0) // self.window_blocks_per_seq)
+
+    def num_seqs_without_freeing(self) -> int:
+        """What the same bytes hold as one pool of every layer with full attention."""
+        layers = self.num_full_layers + self.num_window_layers
+        budget = self.num_full_blocks * self.num_full_layers + self.num_window_blocks * self.num_window_layers
+        return budget // layers // self.blocks_per_seq
+
+    def describe(self, max_model_len: int) -> str:
+        return (f"{self.num_seqs} sequences of {max_model_len} tokens fit with sliding-window blocks "
+                f"freed ({self.num_window_layers} window layers keep <= {self.window_blocks_per_seq} "
+                f"blocks a sequence), {self.num_seqs_without_freeing()} without")
+
+
+def window_split(budget_layer_blocks: int, *, window_layers: list[bool], window: int,
+                 max_model_len: int, block_size: int, max_num_batched_tokens: int) -> WindowSplit | None:
+    """Two groups' block counts from one budget (WindowSplit); None where they would hold no
+    more max_model_len sequences than one pool of every layer (contexts within the window, or a
+    budget the window group's reserve takes most of): then nothing is split, nothing freed."""
+    num_window = sum(window_layers)
+    num_full = len(window_layers) - num_window
+    full = max_blocks_per_seq(max_model_len, block_size)
+    in_window = min(full, -(-(window - 1) // block_size) + 1)  # a window's tokens span this many
+    chunk = min(full, -(-max_num_batched_tokens // block_size) + 1)
+    reserve = num_window * (chunk + 1)
+    num_seqs = max(budget_layer_blocks - reserve, 0) // (num_full * full + num_window * in_window)
+    num_window_blocks = num_seqs * in_window + chunk + 1
+    num_full_blocks = (budget_layer_blocks - num_window * num_window_blocks) // num_full
+    if num_full_blocks < full:
+        return None  # the window group's reserve leaves less than one sequence: one pool instead
+    split = WindowSplit(num_full_blocks, num_window_blocks, num_full, num_window, full, in_window, chunk)
+    return split if split.num_seqs > split.num_seqs_without_freeing() else None

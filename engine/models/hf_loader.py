@@ -112,8 +112,10 @@ def _family_fields(architecture: str, config: dict) -> dict:
     fields: dict = {}
     window = config.get("sliding_window")
     types = config.get("layer_types") or []
-    if architecture == "qwen3":
+    if architecture in ("qwen3", "qwen3_moe"):
         fields["qk_norm"] = True
+        if architecture == "qwen3_moe":
+            fields.update(_moe_fields(config))
         if window and config.get("use_sliding_window"):
             fields["layer_sliding_windows"] = [window if t == "sliding_attention" else None
                                                for t in types] or [window] * layers
@@ -141,6 +143,18 @@ def _family_fields(architecture: str, config: dict) -> dict:
             query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
             final_logit_softcapping=config.get("final_logit_softcapping"))
     return fields
+
+
+def _moe_fields(config: dict) -> dict:
+    """Qwen3-MoE: a layer's MLP is sparse unless listed in mlp_only_layers or off the
+    decoder_sparse_step (transformers' rule)."""
+    experts = config.get("num_experts", config.get("num_local_experts", 0))
+    step, dense = config.get("decoder_sparse_step", 1), set(config.get("mlp_only_layers") or [])
+    return dict(num_experts=experts, num_experts_per_tok=config["num_experts_per_tok"],
+                moe_intermediate_size=config["moe_intermediate_size"],
+                norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+                moe_layers=[i not in dense and experts > 0 and (i + 1) % step == 0
+                            for i in range(config["num_hidden_layers"])])
 
 
 def weight_files(directory: Path) -> dict[str, Path]:

@@ -69,6 +69,8 @@ def iter_weights(path: str | Path, config: ModelConfig) -> WeightSource:
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into the model's (fused) parameters; every parameter must be filled."""
     packed = {f".{name}.": target for name, target in getattr(model, "packed_modules_mapping", {}).items()}
+    # A family whose tensors do not map by name fragment (MoE experts) routes them itself.
+    route = getattr(model, "checkpoint_target", lambda name: None)
     params = dict(model.named_parameters())
     missing = set(params)
     # Tensor parallel: parameter name -> its layer, which slices each tensor (tp_split) first.
@@ -79,8 +81,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             continue
         if name == "lm_head.weight" and name not in params:
             continue  # tied: the embedding already holds it
-        target, shard_id = name, None
-        for fragment, (fused, shard) in packed.items():
+        target, shard_id = route(name) or (name, None)
+        for fragment, (fused, shard) in packed.items() if target == name else ():
             if fragment in name:
                 target, shard_id = name.replace(fragment, f".{fused}."), shard
                 break

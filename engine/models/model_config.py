@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ModelConfig:
-    architecture: str  # our family name: "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"
+    architecture: str  # our family name (engine/models/registry.py FAMILIES)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,6 +35,13 @@ class ModelConfig:
     local_rope_theta: float | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    # Mixture of experts (Qwen3-MoE): experts, how many each token uses, each one's intermediate
+    # size, whether the chosen weights are renormalised, and per layer whether its MLP is sparse.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -43,6 +50,11 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.layer_sliding_windows and len(self.layer_sliding_windows) != self.num_hidden_layers:
             raise ValueError(f"{len(self.layer_sliding_windows)} layer windows for "
+                             f"{self.num_hidden_layers} layers")
+        if self.moe_layers and (len(self.moe_layers) != self.num_hidden_layers or not (
+                0 < self.num_experts_per_tok <= self.num_experts)):
+            raise ValueError(f"mixture of experts: {self.num_experts_per_tok} of {self.num_experts} "
+                             f"experts a token, {len(self.moe_layers)} layer flags for "
                              f"{self.num_hidden_layers} layers")
 
     def sliding_window(self, layer: int) -> int | None:

@@ -14,6 +14,7 @@ FAMILIES = {
     "mistral": ("llama", "LlamaForCausalLM"),
     "qwen2": ("llama", "LlamaForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma3": ("gemma3", "Gemma3ForCausalLM"),
 }
@@ -23,6 +24,7 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral", "mistral": "mistral",
     "Qwen2ForCausalLM": "qwen2", "qwen2": "qwen2",
     "Qwen3ForCausalLM": "qwen3", "qwen3": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "qwen3_moe": "qwen3_moe",
     "Phi3ForCausalLM": "phi3", "phi3": "phi3",
     "Gemma3ForCausalLM": "gemma3", "gemma3_text": "gemma3",
 }

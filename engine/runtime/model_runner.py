@@ -15,12 +15,14 @@ from engine.runtime.cuda_graphs import CudaGraphRunner
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
-from engine.memory.gpu_memory import MemoryProfile, lazy_zeros, memory_summary, profile_memory
+from engine.memory.gpu_memory import MemoryProfile, memory_summary, profile_memory
+from engine.memory.kv_pool import allocate_kv_pool
 from engine.scheduling.input_batch import build_input_batch
-from engine.memory.kv_pool_sizing import kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks
+from engine.memory.kv_pool_sizing import (kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks,
+                                          window_split)
 from engine.kernels import kv_quant
 from engine.layers.int8_embedding import Int8Embedding
-from engine.layers.attention import Workspace, kv_cache_shape
+from engine.layers.attention import Workspace
 from engine.sampling.sampler import Sampler
 from engine.models.fused_decode import FusedDecode
 from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
@@ -132,6 +134,11 @@ class ModelRunner:
                                         device_budget=self._profiled_kv_budget)
         if self.tp > 1:  # every rank holds the same blocks, of its own KV heads
             self.num_blocks = self.tp_group.all_reduce_min(self.num_blocks)
+        self.window_split = self._window_split()  # None: one pool, every layer in every block
+        self.num_window_blocks = 0
+        if self.window_split is not None:
+            self.num_blocks = self.window_split.num_full_blocks
+            self.num_window_blocks = self.window_split.num_window_blocks
         self.kv_pool, self.kv_scale_pool, self.kv_caches = self._allocate_kv_pool()
         # CPU: a step's decode rows through every layer in one native call where it applies
         self.fused_decode = FusedDecode.build(
@@ -142,6 +149,9 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self._kv_storage(), self.device)
+        if self.window_split is not None:
+            logger.info("KV capacity: %s; sliding-window layers' pool: %d blocks",
+                        self.window_split.describe(self.max_model_len), self.num_window_blocks)
         logger.info(memory_summary(self.model, self.kv_cache_bytes, self.num_blocks * self.block_size,
                                    model_config, self.dtype, self.device))
         if self.memory_profile is not None:
@@ -176,21 +186,28 @@ class ModelRunner:
         return rows
 
     # ----------------------------------------------------------------- memory
+    def _window_split(self):
+        """The two groups' pools of a model mixing sliding-window and full-attention layers on
+        the torch path (kv_pool_sizing.WindowSplit); None for any other."""
+        windows = self.model_config.layer_sliding_windows
+        if (self.use_triton or self.tp > 1 or not any(windows) or all(windows)
+                or len({w for w in windows if w}) != 1):
+            return None
+        return window_split(self.num_blocks * len(windows), window_layers=[bool(w) for w in windows],
+                            window=max(w for w in windows if w), max_model_len=self.max_model_len,
+                            block_size=self.block_size,
+                            max_num_batched_tokens=self.config.max_num_batched_tokens)
+
     def _allocate_kv_pool(self):
-        """One allocation for the codes (or K/V) pool, [2, layers, *kv_cache_shape], and for an
-        8-bit cache one for its scales, [2, layers, *kv_quant.scale_shape]; then each layer's
-        cache tuple: (K, V), or (K codes, V codes, K scales, V scales)."""
+        """engine/memory/kv_pool.py: one group of every layer, or with a window split the
+        sliding-window layers (group 1) over blocks of their own."""
         cfg = self.model_config
-        kvh, layers = cfg.num_key_value_heads // self.tp, cfg.num_hidden_layers
-        shape = kv_cache_shape(self.num_blocks, self.block_size, kvh, cfg.head_dim)
-        codes = self._kv_code_dtype()
-        pool = lazy_zeros((2, layers, *shape), codes or self.kv_dtype, self.device)
-        if codes is None:
-            return pool, None, [(pool[0, i], pool[1, i]) for i in range(layers)]
-        scales = lazy_zeros((2, layers, *kv_quant.scale_shape(self.num_blocks, self.block_size, kvh)),
-                            kv_quant.SCALE_DTYPE, self.device)
-        return pool, scales, [(pool[0, i], pool[1, i], scales[0, i], scales[1, i])
-                              for i in range(layers)]
+        groups = [int(bool(self.window_split and cfg.sliding_window(i)))
+                  for i in range(cfg.num_hidden_layers)]
+        return allocate_kv_pool(groups, [self.num_blocks, self.num_window_blocks][:max(groups) + 1],
+                                block_size=self.block_size, num_kv_heads=cfg.num_key_value_heads // self.tp,
+                                head_dim=cfg.head_dim, dtype=self.kv_dtype,
+                                code_dtype=self._kv_code_dtype(), device=self.device)
 
     def _kv_code_dtype(self) -> torch.dtype | None:
         return kv_quant.code_dtype(self.kv_cache_dtype)
@@ -219,7 +236,11 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return self.num_blocks * self.bytes_per_block
+        if self.window_split is None:
+            return self.num_blocks * self.bytes_per_block
+        split = self.window_split  # blocks of one layer, in both groups
+        return self.bytes_per_block // self.model_config.num_hidden_layers * (
+            self.num_blocks * split.num_full_layers + self.num_window_blocks * split.num_window_layers)
 
     def _profiled_kv_budget(self) -> int:
         """What gpu_memory_utilization leaves the pool after a profiled step (CUDA)."""
@@ -256,8 +277,11 @@ class ModelRunner:
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
         fused = self.fused_decode is not None and self.fused_decode.takes(
             sum(e.num_new_tokens == 1 for e in entries))
-        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton, fused)
+        batch = build_input_batch(entries, self.block_size, self.device, self.use_triton, fused,
+                                  window_tables=self.window_split is not None)
         batch.meta.workspace = self.workspace
+        if batch.meta.window is not None:
+            batch.meta.window.workspace = self.workspace
         # Built before the forward is queued, so its host-to-device copies never wait on it.
         meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
         if self.ranks is not None:  # tensor parallel: the other ranks run the same step

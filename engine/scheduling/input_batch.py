@@ -23,9 +23,12 @@ class InputBatch:
 
 
 def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
-                      use_triton: bool, fused_decode: bool = False) -> InputBatch:
+                      use_triton: bool, fused_decode: bool = False,
+                      window_tables: bool = False) -> InputBatch:
     """fused_decode (CPU): the decode rows run in engine/models/fused_decode.py, which reads their
-    block tables and context lengths (as the Triton path does) instead of decode groups."""
+    block tables and context lengths (as the Triton path does) instead of decode groups.
+    window_tables: also ``meta.window``, the same step over the sequences' window tables (the
+    sliding-window layers' own pool, engine/scheduling/window_blocks.py; CPU path)."""
     prefills = [e for e in entries if e.num_new_tokens > 1]
     decodes = sorted((e for e in entries if e.num_new_tokens == 1),
                      key=lambda e: e.start)  # by context length
@@ -63,6 +66,8 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         _fill_torch_metadata(meta, prefills, [] if fused_decode else decodes, block_size, device)
         if fused_decode:
             _fill_decode_tables(meta, decodes, device)
+    if window_tables:
+        meta.window = _window_metadata(ordered, prefills, decodes, meta, block_size, device)
     return InputBatch(
         input_ids=flat[:t],
         positions=flat[t:2 * t],
@@ -72,13 +77,24 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
     )
 
 
-def _fill_torch_metadata(meta, prefills, decodes, block_size, device) -> None:
+def _window_metadata(ordered, prefills, decodes, meta, block_size, device) -> AttentionMetadata:
+    """The step's metadata over window tables: the same rows, their slots in the window pool."""
+    slots = [e.seq.window_table[p // block_size] * block_size + p % block_size
+             for e in ordered for p in range(e.start, e.start + e.num_new_tokens)]
+    window = AttentionMetadata(slot_mapping=_tensor(slots, device),
+                               num_prefill_tokens=meta.num_prefill_tokens,
+                               num_decode_tokens=meta.num_decode_tokens, workspace=meta.workspace)
+    _fill_torch_metadata(window, prefills, decodes, block_size, device, table="window_table")
+    return window
+
+
+def _fill_torch_metadata(meta, prefills, decodes, block_size, device, table="block_table") -> None:
     row = 0
     for e in prefills:
         context_len = e.start + e.num_new_tokens
         context_slots = None
         if e.start > 0:
-            blocks = torch.tensor(e.seq.block_table[:-(-context_len // block_size)], dtype=torch.long)
+            blocks = torch.tensor(getattr(e.seq, table)[:-(-context_len // block_size)], dtype=torch.long)
             offsets = torch.arange(block_size, dtype=torch.long)
             context_slots = (blocks[:, None] * block_size + offsets).flatten()[:context_len].to(device)
         meta.prefills.append(PrefillSeq(row, e.num_new_tokens, context_len, context_slots))
@@ -87,15 +103,15 @@ def _fill_torch_metadata(meta, prefills, decodes, block_size, device) -> None:
         group = decodes[g:g + DECODE_GROUP_SIZE]
         context_lens = [e.start + 1 for e in group]
         num_blocks = -(-max(context_lens) // block_size)
-        tables = [e.seq.block_table[:num_blocks] + [0] * (num_blocks - len(e.seq.block_table[:num_blocks]))
-                  for e in group]
+        tables = [getattr(e.seq, table)[:num_blocks] for e in group]
+        tables = [t + [0] * (num_blocks - len(t)) for t in tables]
         lens = torch.tensor(context_lens, dtype=torch.long)
         mask = torch.arange(num_blocks * block_size) < lens[:, None]  # [g, L]
         meta.decode_groups.append(DecodeGroup(
             row_start=g, row_end=g + len(group),
             flat_block_ids=_tensor([b for t in tables for b in t], device),
             mask=mask[:, None, None, :].to(device),
-            block_run_start=(group[0].seq.block_table[0] if len(group) == 1
+            block_run_start=(tables[0][0] if len(group) == 1
                              and _is_one_run(tables[0]) else None),
             context_len=context_lens[0],
         ))

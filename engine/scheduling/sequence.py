@@ -46,6 +46,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
+        # sliding-window layers' blocks (window_blocks.py), the same logical blocks; empty otherwise
+        self.window_table: list[int] = []
         self.num_preemptions = 0
         self.is_first_schedule = True
         self.fed_at = (0, 0)  # (the scheduler's step, the place in it) it was last fed tokens

@@ -94,6 +94,31 @@ def test_qwen3_matches_transformers(tmp_path, smollm2_tokenizer):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["top2-normalised", "top3-with-a-dense-layer"])
+def test_qwen3_moe_matches_transformers(variant, tmp_path, smollm2_tokenizer):
+    """Top-k routing over 8 experts, batched per step; renormalised top-2 weights, or the raw
+    softmax weights of 3 experts with layer 1's MLP dense (mlp_only_layers)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    moe = dict(num_experts=8, moe_intermediate_size=32)
+    if variant == "top2-normalised":
+        moe.update(num_experts_per_tok=2, norm_topk_prob=True)
+    else:
+        moe.update(num_experts_per_tok=3, norm_topk_prob=False, mlp_only_layers=[1])
+    path = save_tiny(tmp_path, Qwen3MoeForCausalLM, Qwen3MoeConfig(**SIZES, **moe),
+                     smollm2_tokenizer)
+    llm = assert_matches_transformers(path)
+    cfg = llm.engine.model_config
+    assert cfg.architecture == "qwen3_moe" and cfg.num_experts == 8
+    assert cfg.moe_layers == ([True, True] if variant == "top2-normalised" else [True, False])
+    # every expert of layer 0 was routed some token in this batch (so each one's weights mattered)
+    block = llm.engine.runner.model.model.layers[0].mlp
+    prompt = torch.tensor(prompts_of()[2])
+    hidden = llm.engine.runner.model.model.embed_tokens(prompt)
+    assert set(block.route(hidden)[1].flatten().tolist()) == set(range(8))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["sliding-window", "longrope"])
 def test_phi3_matches_transformers(variant, tmp_path, smollm2_tokenizer):
     """Phi-3's fused qkv_proj / gate_up_proj load whole. Its longrope (the factor from
@@ -149,6 +174,29 @@ def test_gemma3_matches_transformers(tiny_gemma3_dir):
                                                 ignore_eos=True))[0]
     assert out.num_cached_tokens == 32
     assert out.token_ids == hf_greedy(hf, prompt, NUM_TOKENS, [-1])
+
+
+@pytest.mark.slow
+def test_gemma3_window_blocks_freed_fit_more_full_length_sequences(tiny_gemma3_dir):
+    """48 one-layer blocks: one pool of every layer holds 2 sequences of 128 tokens (8 blocks
+    each); with the window layers' blocks freed as decoding passes the window (8 tokens), 3
+    run side by side to 128 tokens without a preemption, still transformers' tokens."""
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(str(tiny_gemma3_dir), num_kv_blocks=16, max_num_batched_tokens=16,
+              enable_prefix_caching=False, **EXACT)
+    split = llm.engine.runner.window_split
+    assert (split.num_seqs, split.num_seqs_without_freeing()) == (3, 2)
+    prompts = prompts_of((8, 8, 8))
+    prompts = [[p + i for p in prompt] for i, prompt in enumerate(prompts)]
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    assert llm.engine.stats().num_preemptions == 0
+    manager = llm.engine.block_manager
+    assert manager.num_window_blocks == 8  # 3 x 8 blocks of tokens went through 8 window blocks
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32).eval()
+    assert_same(outputs, [hf_greedy(hf, p, 120, [-1]) for p in prompts])
+    manager.check_all_free()
 
 
 @pytest.mark.slow

@@ -28,8 +28,9 @@ from webapp.keys.selectors import chatlimits_allows_model
 from webapp.keys.services import chatlimits_get_or_create
 from webapp.keys.tenancy import user_tenant
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active
-from webapp.registry.tokenizers import ChatTemplateError, load_tokenizer
+from webapp.registry.chat_templates import add_turn_ends
+from webapp.registry.selectors import modelversion_get_active, modelversion_tokenizer
+from webapp.registry.tokenizers import ChatTemplateError
 from webapp.usage.models import CHAT_REQUEST_PREFIX, UsageRecord
 from webapp.usage.outcome import Outcome
 from webapp.usage.services import usage_record_finish, usage_record_start
@@ -245,7 +246,8 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
     except SamplingError as exc:
         raise ChatInputError("invalid_parameter", exc.message, exc.param) from None
     system_prompt = _text(data, "system_prompt", limits.max_message_chars)
-    tokenizer = load_tokenizer(version.tokenizer_dir)
+    tokenizer = modelversion_tokenizer(version)
+    params = add_turn_ends(params, tokenizer)  # a staff-set template's turn end
     request_id = CHAT_REQUEST_PREFIX + uuid.uuid4().hex
     try:
         limits_admit(subject=limits, request_id=request_id)

@@ -14,13 +14,15 @@ from django.views.decorators.http import require_POST
 from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadError, estimate_memory
 from webapp.console.access import staff_required
 from webapp.openai_api.body import JsonInputError, json_read
+from webapp.registry.chat_templates import CHOICES as CHAT_TEMPLATE_CHOICES
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
                                       modelversion_delete, modelversion_register_path,
-                                      modelversion_update_settings, modelversion_upload)
+                                      modelversion_set_chat_template, modelversion_update_settings,
+                                      modelversion_upload)
 
 VERSION_FIELDS = ("id", "number", "format", "status", "step", "progress", "error", "validation", "path",
-                  "engine_settings")
+                  "engine_settings", "chat_template_preset", "chat_template")
 MIB = 1 << 20
 
 # The engine settings the form edits: (setting, label, kind); their choices and ranges are the
@@ -121,7 +123,8 @@ def models_page(request):
             row["parameters_human"], row["parameters_exact"] = human_count(parameters), f"{parameters:,}"
     return render(request, "console/models.html", {
         "models": Model.objects.order_by("slug"), "rows": rows, "page": "models",
-        "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES})
+        "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES,
+        "chat_template_choices": CHAT_TEMPLATE_CHOICES})
 
 
 def _tell(request, attempt, refused: str) -> HttpResponse:
@@ -222,6 +225,16 @@ def version_update_settings(request, version_id: int):
                                      engine_settings=settings_from_form(request.POST, version.engine_settings))
 
     return _version_write(request, version_id, "save the engine settings of", save, _settings_saved)
+
+
+@staff_post
+def version_chat_template(request, version_id: int):
+    """A preset (ChatML, Gemma, Llama 3), a custom jinja template, or the checkpoint's own."""
+    def save(*, version: ModelVersion) -> None:
+        modelversion_set_chat_template(version=version, preset=request.POST.get("chat_template_preset", ""),
+                                       template=request.POST.get("chat_template", ""))
+
+    return _version_write(request, version_id, "set the chat template of", save, "chat template saved")
 
 
 @staff_required

@@ -22,6 +22,8 @@ urlpatterns = [
     path("models/versions/<int:version_id>/delete/", model_views.version_delete, name="version-delete"),
     path("models/versions/<int:version_id>/settings/", model_views.version_update_settings,
          name="version-update-settings"),
+    path("models/versions/<int:version_id>/chat-template/", model_views.version_chat_template,
+         name="version-chat-template"),
     path("models/versions/<int:version_id>/estimate.json", model_views.version_estimate,
          name="version-estimate"),
     path("keys/", keys_views.keys_page, name="keys"),

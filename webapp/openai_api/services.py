@@ -24,8 +24,9 @@ from webapp.openai_api import errors
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
 from webapp.openai_api.tool_calls import ToolPlan, template_messages
 from webapp.registry.models import Model, ModelVersion
-from webapp.registry.selectors import modelversion_get_active
-from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer, load_tokenizer
+from webapp.registry.chat_templates import add_turn_ends
+from webapp.registry.selectors import modelversion_get_active, modelversion_tokenizer
+from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer
 from webapp.usage.models import UsageRecord
 from webapp.usage.outcome import Outcome
 from webapp.usage.services import usage_record_build, usage_record_close, usage_record_finish, usage_record_start
@@ -124,7 +125,7 @@ def model_served(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, ModelToke
     if not version.tokenizer_dir:
         raise errors.OpenAIError(503, f"the model {slug!r} is still being prepared", type="server_error",
                                  param="model", code="model_not_ready")
-    return version, load_tokenizer(version.tokenizer_dir)
+    return version, modelversion_tokenizer(version)
 
 
 def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> int:
@@ -174,9 +175,11 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
+    params = _sampling_params(values, max_tokens, logprobs)
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
-        tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
+        tokenizer=tokenizer, prompt_token_ids=prompt_ids,
+        params=(add_turn_ends(params, tokenizer) if is_chat else params),
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",

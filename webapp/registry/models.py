@@ -43,6 +43,10 @@ class ModelVersion(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.REGISTERED)
     # tokenizer.json + tokenizer_config.json exported once by `python -m engine.cli.tokenizer_export`.
     tokenizer_dir = models.CharField(max_length=1024, blank=True)
+    # A chat template staff set for this version (registry/chat_templates.py): a preset's name,
+    # "custom" with ``chat_template``, or "" for the checkpoint's own.
+    chat_template_preset = models.CharField(max_length=16, blank=True)
+    chat_template = models.TextField(blank=True)
     error = models.TextField(blank=True)
     # Validation of an upload (python -m engine.cli.validate): current step, 0..1, and its final report
     # {"parameters", "context_length", "size_bytes", "checksum"}.

@@ -274,6 +274,21 @@ def modelversion_update_settings(*, version: ModelVersion, engine_settings: dict
     return version
 
 
+def modelversion_set_chat_template(*, version: ModelVersion, preset: str, template: str = "") -> ModelVersion:
+    """Set the chat template a version's chats render with (ValidationError naming the field when
+    the preset is unknown, or the template does not render, or its stop tokens are not words of
+    the model's vocabulary). Read per request: no worker restarts."""
+    from webapp.registry.chat_templates import CUSTOM, chat_template_validate
+    from webapp.registry.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(version.tokenizer_dir) if version.tokenizer_dir else None
+    chat_template_validate(preset=preset, template=template, tokenizer=tokenizer)
+    version.chat_template_preset = preset
+    version.chat_template = template if preset == CUSTOM else ""
+    version.save(update_fields=["chat_template_preset", "chat_template"])
+    return version
+
+
 def model_register(*, slug: str, path: str | Path, engine_settings: dict | None = None,
                    name: str = "", activate: bool = True) -> ModelVersion:
     """Idempotent: the same path and settings reuse the existing version instead of adding one."""

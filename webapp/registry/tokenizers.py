@@ -10,6 +10,7 @@ encoded without adding special tokens, so the ids equal engine.text.tokenizer.ap
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from datetime import datetime
@@ -56,12 +57,26 @@ class ModelTokenizer:
                                if config.get(key) is not None}
         self.eos_token_ids: list[int] = list(config.get("eos_token_ids") or [])
         self.max_model_len: int | None = config.get("max_model_len")
+        self.chat_stop_token_ids: list[int] = []  # a staff-set template's turn end (chat_templates.py)
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ModelTokenizer:
         directory = Path(directory)
         config = json.loads((directory / "tokenizer_config.json").read_text())
         return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), config)
+
+    def with_chat_template(self, template: str, stop_tokens: tuple[str, ...] = ()) -> ModelTokenizer:
+        """This tokenizer rendering chats with ``template`` and stopping them at ``stop_tokens``
+        (KeyError naming a token the vocabulary lacks); the same tokenizer underneath."""
+        other = copy.copy(self)
+        other.chat_template = template
+        other.chat_stop_token_ids = []
+        for token in stop_tokens:
+            token_id = self.tokenizer.token_to_id(token)
+            if token_id is None:
+                raise KeyError(f"the model's vocabulary has no {token!r} token to end a turn")
+            other.chat_stop_token_ids.append(token_id)
+        return other
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A plain prompt's ids, special tokens added as the engine adds them to a text prompt."""
@@ -72,7 +87,10 @@ class ModelTokenizer:
 
     def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise ChatTemplateError("this model has no chat template; use /v1/completions with a prompt")
+            raise ChatTemplateError(
+                "this model has no chat template: use /v1/completions with a prompt, or ask staff to "
+                "set one for this model version in the console (Models, Chat template: a preset such "
+                "as ChatML, Gemma or Llama 3, or a custom jinja template)")
         try:
             return _compile(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, tools=None,

@@ -24,7 +24,7 @@ def checkpoint(tmp_path, architecture, model_type, **fields):
 
 
 @pytest.mark.parametrize("architecture", [
-    "Gemma2ForCausalLM", "Gemma3ForConditionalGeneration", "Qwen3MoeForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForConditionalGeneration", "MixtralForCausalLM",
     "Phi3SmallForCausalLM", "PhiForCausalLM", "GPTNeoXForCausalLM"])
 def test_unsupported_architecture_is_refused_naming_it_and_listing_the_supported(
         tmp_path, architecture):
@@ -41,7 +41,8 @@ def test_every_registered_name_has_a_model_class():
     families = set(HF_ARCHITECTURES.values()) | set(GGUF_ARCHITECTURES.values())
     assert families == set(FAMILIES)
     assert {model_class(f).__name__ for f in FAMILIES} == {
-        "LlamaForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM"}
+        "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
+        "Gemma3ForCausalLM"}
 
 
 def test_gemma3_v4_config_keys_give_windows_rope_bases_and_scales(tmp_path):
