@@ -10,6 +10,10 @@ freed and it is recomputed later, its prefix usually coming back from the cache.
 Across tenants (Sequence.tenant) the queue is a weighted fair one (fair_share.py): the next
 sequence admitted is the tenant's least served per weight, the one preempted the most over its
 share; with one tenant that is the policy's order above, unchanged.
+
+A sequence under a LoRA adapter is admitted only when its adapter is resident or can be made so
+(``lora_slots``, engine/lora/slots.py: a bounded LRU that never evicts a running sequence's
+adapter); otherwise it waits and the sequences behind it go ahead.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class Scheduler:
         # engine/structured/grammar.py's GrammarCompiler, set by the engine: a constrained
         # sequence's grammar is compiled off this thread from add(), and it waits until ready
         self.grammars = None
+        self.lora_slots = None  # engine/lora/slots.py's AdapterSlots, set by an engine serving adapters
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence) -> None:
@@ -157,6 +162,10 @@ class Scheduler:
             if seq.grammar is not None and not seq.grammar.ready:  # still compiling, off this thread
                 compiling = seq
                 continue
+            if seq.adapter is not None:  # its adapter resident, or it waits for a slot
+                seq.lora_slot = self.lora_slots.acquire(seq.adapter, self.running)
+                if seq.lora_slot is None:
+                    continue
             computed: list[int] = []
             hashes: list[int] = []
             if seq.num_computed_tokens == 0 and self.block_manager.enable_prefix_caching:
