@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadError, estimate_memory
 from webapp.console.access import staff_required
 from webapp.openai_api.body import JsonInputError, json_read
-from webapp.registry.models import Model, ModelVersion
+from webapp.registry.models import Adapter, Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
                                       modelversion_delete, modelversion_register_path,
                                       modelversion_update_settings, modelversion_upload)
@@ -121,7 +121,8 @@ def models_page(request):
             row["parameters_human"], row["parameters_exact"] = human_count(parameters), f"{parameters:,}"
     return render(request, "console/models.html", {
         "models": Model.objects.order_by("slug"), "rows": rows, "page": "models",
-        "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES})
+        "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES,
+        "adapters": Adapter.objects.select_related("base")})
 
 
 def _tell(request, attempt, refused: str) -> HttpResponse:
