@@ -258,6 +258,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+        """One step. Where the fused CPU decode step runs, LoRA rows beside base decodes make two
+        forwards (the base decodes fused, the rest on the torch path): a base request's tokens never
+        depend on whether adapters share its step."""
+        if self.fused_decode is not None and any(e.seq.adapter is not None for e in entries):
+            fusable = [e.num_new_tokens == 1 and e.seq.adapter is None for e in entries]
+            if 0 < sum(fusable) < len(entries) and self.fused_decode.takes(sum(fusable)):
+                return (self._execute([e for e, f in zip(entries, fusable) if not f])
+                        + self._execute([e for e, f in zip(entries, fusable) if f]))
+        return self._execute(entries)
+
+    def _execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
         num_adapter_rows = sum(e.num_new_tokens for e in entries if e.seq.adapter is not None)
         fused = self.fused_decode is not None and self.fused_decode.takes(
             sum(e.num_new_tokens == 1 for e in entries), num_adapter_rows)
