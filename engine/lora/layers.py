@@ -4,8 +4,9 @@ model skip. One product pair per adapter present, never a merge per request.
 
 The base layer is whatever the loader built (float, int4 or int8; a GGUF's quantized blocks
 included): the delta is added in the activation dtype on top of its product. A fused layer
-(q/k/v, gate/up) keeps one A block of ``max_rank`` rows per shard, so its A product is one GEMM
-for all shards; each shard's B multiplies its own block into its own output rows.
+(q/k/v, gate/up) keeps one A block of ``max_rank`` rows per shard and a B whose shard rows read
+only their own block (zeros elsewhere), so a slot costs two GEMMs whatever the shards: on a CPU
+the step's time is mostly per-op overhead at decode sizes (bench/lora.py).
 
 Which rows belong to which slot is per step and shared by every wrapped projection (``LoRAStep``,
 set by engine/lora/runtime.py before the forward): the layers' forward signatures stay as the
@@ -15,12 +16,13 @@ model files wrote them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 class LoRAStep:
-    """This step's rows per adapter slot: [(slot, row indices [t] long)], empty for a base-only
-    step (the wrapped projections then cost one attribute check)."""
+    """This step's rows per adapter slot: [(slot, row indices [t] long, or None for every row)],
+    empty for a base-only step (the wrapped projections then cost one attribute check)."""
 
     def __init__(self):
         self.groups: list[tuple[int, torch.Tensor]] = []
@@ -34,11 +36,13 @@ class LoRALinear(nn.Module):
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.shards, self.max_rank, self.step = shards, max_rank, step
-        # [slots, shards * R, in] and [slots, out, R]: shard s uses A rows s*R .. s*R + r
-        self.register_buffer("lora_a", torch.zeros(num_slots, len(shards) * max_rank,
-                                                   self.in_features, dtype=dtype, device=device))
-        self.register_buffer("lora_b", torch.zeros(num_slots, self.out_features, max_rank,
-                                                   dtype=dtype, device=device))
+        # [slots, shards * R, in] and [slots, out, shards * R]: shard s uses A rows and B columns
+        # s*R .. s*R + r, and B's rows of shard s are zero outside them
+        width = len(shards) * max_rank
+        self.register_buffer("lora_a", torch.zeros(num_slots, width, self.in_features, dtype=dtype,
+                                                   device=device))
+        self.register_buffer("lora_b", torch.zeros(num_slots, self.out_features, width, dtype=dtype,
+                                                   device=device))
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]],
                  scale: float) -> None:
@@ -50,18 +54,15 @@ class LoRALinear(nn.Module):
             start, rows = self.shards[s]
             r = a.shape[0]
             self.lora_a[slot, s * r0:s * r0 + r].copy_(a)
-            self.lora_b[slot, start:start + rows, :r].copy_(b * scale)
+            self.lora_b[slot, start:start + rows, s * r0:s * r0 + r].copy_(b * scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # [T, out]
         for slot, rows in self.step.groups:
-            xa = x.index_select(0, rows) @ self.lora_a[slot].T  # [t, shards * R]
-            b = self.lora_b[slot]
-            if len(self.shards) == 1:
-                delta = xa @ b.T  # [t, out]
+            xs = x if rows is None else x.index_select(0, rows)
+            delta = F.linear(F.linear(xs, self.lora_a[slot]), self.lora_b[slot])  # [t, out]
+            if rows is None:
+                y.add_(delta)
             else:
-                r = self.max_rank
-                delta = torch.cat([xa[:, i * r:(i + 1) * r] @ b[start:start + n].T
-                                   for i, (start, n) in enumerate(self.shards)], dim=1)
-            y.index_add_(0, rows, delta.to(y.dtype))
+                y.index_add_(0, rows, delta)
         return y

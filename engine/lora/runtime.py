@@ -64,8 +64,11 @@ class LoRARuntime:
                     self._load(slot, adapter)
                 rows.setdefault(slot, []).extend(range(row, row + e.num_new_tokens))
             row += e.num_new_tokens
-        self.step.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self.device))
-                            for slot, r in rows.items()]
+        if len(rows) == 1 and len(next(iter(rows.values()))) == row:  # one adapter, every row
+            self.step.groups = [(next(iter(rows)), None)]
+        else:
+            self.step.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self.device))
+                                for slot, r in rows.items()]
         return bool(rows)
 
     def clear(self) -> None:
