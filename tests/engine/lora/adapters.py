@@ -14,18 +14,19 @@ ADAPTERS = {
 }
 
 
-def make_adapter(base_dir, out_dir, *, seed: int, **lora):
-    """Save a PEFT LoRA adapter for the checkpoint in ``base_dir`` to ``out_dir``."""
+def make_adapter(base_dir, out_dir, *, seed: int, model=None, b_std: float = 0.1, **lora):
+    """Save a PEFT LoRA adapter for the checkpoint in ``base_dir`` (or for ``model``, which it
+    then wraps in place) to ``out_dir``; returns the folder."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = model if model is not None else AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     torch.manual_seed(seed)
     peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, **lora))
-    with torch.no_grad():  # B ~ N(0, 0.1): the adapter moves the logits by a few units
+    with torch.no_grad():  # B ~ N(0, b_std): 0.1 moves a tiny model's logits by a few units
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
-                param.normal_(0.0, 0.1)
+                param.normal_(0.0, b_std)
     peft_model.save_pretrained(out_dir)
     return str(out_dir)
 
