@@ -21,11 +21,14 @@ from torch import nn
 
 
 class LoRAStep:
-    """This step's rows per adapter slot: [(slot, row indices [t] long, or None for every row)],
-    empty for a base-only step (the wrapped projections then cost one attribute check)."""
+    """This step's rows under adapters, set by engine/lora/runtime.py: with one adapter in the step,
+    ``groups`` = [(slot, row indices [t] long, or None for every row)]; with several, ``mask``
+    [T, slots] (1 where a row runs under a slot). Neither: a base-only step (the wrapped
+    projections then cost one attribute check)."""
 
     def __init__(self):
-        self.groups: list[tuple[int, torch.Tensor]] = []
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.mask: torch.Tensor | None = None
 
 
 class LoRALinear(nn.Module):
@@ -36,31 +39,38 @@ class LoRALinear(nn.Module):
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.shards, self.max_rank, self.step = shards, max_rank, step
-        # [slots, shards * R, in] and [slots, out, shards * R]: shard s uses A rows and B columns
-        # s*R .. s*R + r, and B's rows of shard s are zero outside them
+        # A [slots, shards * R, in], B [out, slots, shards * R]: shard s uses A rows and B columns
+        # s*R .. s*R + r, and B's rows of shard s are zero outside them. Each is also one matrix
+        # over every slot ([slots * shards * R, in] and [out, slots * shards * R]) for mask steps.
         width = len(shards) * max_rank
         self.register_buffer("lora_a", torch.zeros(num_slots, width, self.in_features, dtype=dtype,
                                                    device=device))
-        self.register_buffer("lora_b", torch.zeros(num_slots, self.out_features, width, dtype=dtype,
+        self.register_buffer("lora_b", torch.zeros(self.out_features, num_slots, width, dtype=dtype,
                                                    device=device))
 
     def set_slot(self, slot: int, weights: dict[int, tuple[torch.Tensor, torch.Tensor]],
                  scale: float) -> None:
         """Load shard index -> (A [r, in], B [rows, r]) into ``slot``; shards not given are zero."""
         self.lora_a[slot].zero_()
-        self.lora_b[slot].zero_()
+        self.lora_b[:, slot].zero_()
         r0 = self.max_rank
         for s, (a, b) in weights.items():
             start, rows = self.shards[s]
             r = a.shape[0]
             self.lora_a[slot, s * r0:s * r0 + r].copy_(a)
-            self.lora_b[slot, start:start + rows, s * r0:s * r0 + r].copy_(b * scale)
+            self.lora_b[start:start + rows, slot, s * r0:s * r0 + r].copy_(b * scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # [T, out]
+        mask = self.step.mask
+        if mask is not None:  # every slot's product at once, each row keeping its own slot's
+            t, num_slots = mask.shape
+            xa = F.linear(x, self.lora_a.view(-1, self.in_features)).view(t, num_slots, -1)
+            return y.add_(F.linear((xa * mask[:, :, None]).view(t, -1),
+                                   self.lora_b.view(self.out_features, -1)))
         for slot, rows in self.step.groups:
             xs = x if rows is None else x.index_select(0, rows)
-            delta = F.linear(F.linear(xs, self.lora_a[slot]), self.lora_b[slot])  # [t, out]
+            delta = F.linear(F.linear(xs, self.lora_a[slot]), self.lora_b[:, slot])  # [t, out]
             if rows is None:
                 y.add_(delta)
             else:

@@ -64,15 +64,18 @@ class LoRARuntime:
                     self._load(slot, adapter)
                 rows.setdefault(slot, []).extend(range(row, row + e.num_new_tokens))
             row += e.num_new_tokens
-        if len(rows) == 1 and len(next(iter(rows.values()))) == row:  # one adapter, every row
-            self.step.groups = [(next(iter(rows)), None)]
-        else:
-            self.step.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self.device))
-                                for slot, r in rows.items()]
+        if len(rows) > 1:  # several adapters: one product over every slot, masked per row
+            mask = torch.zeros(row, self.num_slots, dtype=self.dtype)
+            for slot, r in rows.items():
+                mask[r, slot] = 1
+            self.step.mask = mask.to(self.device)
+        elif rows:
+            slot, r = next(iter(rows.items()))
+            self.step.groups = [(slot, None if len(r) == row else torch.tensor(r, device=self.device))]
         return bool(rows)
 
     def clear(self) -> None:
-        self.step.groups = []
+        self.step.groups, self.step.mask = [], None
 
     def _load(self, slot: int, adapter: LoRARequest) -> None:
         spec = self.check(adapter)

@@ -68,16 +68,22 @@ def test_slots_evict_the_least_recently_used_adapter_no_running_sequence_uses():
 
 
 # ------------------------------------------------------------------ the batched product
-def _wrapped(base, shards, rows_per_slot):
+def _wrapped(base, shards, rows_per_slot, num_rows, masked):
     step = LoRAStep()
-    layer = LoRALinear(base, shards, num_slots=2, max_rank=4, step=step, dtype=torch.float32,
+    layer = LoRALinear(base, shards, num_slots=3, max_rank=4, step=step, dtype=torch.float32,
                        device=torch.device("cpu"))
-    step.groups = [(s, torch.tensor(r)) for s, r in rows_per_slot.items()]
+    if masked:  # what the runtime sets for a step of several adapters
+        step.mask = torch.zeros(num_rows, 3)
+        for slot, rows in rows_per_slot.items():
+            step.mask[rows, slot] = 1
+    else:
+        step.groups = [(s, torch.tensor(r)) for s, r in rows_per_slot.items()]
     return layer, step
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["per-slot", "masked"])
 @pytest.mark.parametrize("layout", ["float", "int8", "int4"])
-def test_batched_product_adds_each_rows_adapter_on_top_of_the_base_product(layout):
+def test_batched_product_adds_each_rows_adapter_on_top_of_the_base_product(layout, masked):
     torch.manual_seed(0)
     plain = QKVLinear(64, 16, 4, 2)  # q 64 rows, k 32, v 32
     plain.weight.data.normal_(0, 0.1)
@@ -87,7 +93,8 @@ def test_batched_product_adds_each_rows_adapter_on_top_of_the_base_product(layou
             if shard is not None:
                 base.weight_loader(base.weight, plain.weight.data[start:start + n].clone(), shard)
     shards = [plain.shards[s] for s in ("q", "k", "v")]
-    layer, step = _wrapped(base, shards, {0: [1, 3], 1: [2]})
+    layer, step = _wrapped(base, shards, {0: [1, 3], 1: [2]}, 5, masked)
+    layer.set_slot(2, {1: (torch.randn(4, 64), torch.randn(32, 4))}, scale=1.0)  # resident, unused
     a_q, b_q = torch.randn(3, 64), torch.randn(64, 3)  # slot 0: q only, rank 3
     a_v, b_v = torch.randn(4, 64), torch.randn(32, 4)  # slot 1: v only, rank 4
     layer.set_slot(0, {0: (a_q, b_q)}, scale=0.5)
@@ -97,7 +104,7 @@ def test_batched_product_adds_each_rows_adapter_on_top_of_the_base_product(layou
     expected[[1, 3], :64] += 0.5 * (x[[1, 3]] @ a_q.T @ b_q.T)
     expected[2, 96:] += 2.0 * (x[2] @ a_v.T @ b_v.T)
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
-    step.groups = []  # a base-only step: the base's product alone
+    step.groups, step.mask = [], None  # a base-only step: the base's product alone
     torch.testing.assert_close(layer(x), base(x))
 
 
