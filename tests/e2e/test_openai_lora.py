@@ -6,6 +6,7 @@ merged model (fp32); the base keeps its own answer in the same server."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import zipfile
 
 import pytest
@@ -62,3 +63,6 @@ def test_openai_client_names_the_adapter(lora_site, tiny_llama_dir):
                                              max_tokens=NUM_TOKENS, extra_body={"ignore_eos": True})
         assert response.choices[0].text == expected.text, name
         assert response.usage.completion_tokens == NUM_TOKENS
+    with sqlite3.connect(site.db_path) as db:  # usage says what each request ran as
+        names = sorted(row[0] for row in db.execute("SELECT model_name FROM usage_usagerecord"))
+    assert names == ["tiny", "tiny:terse", "tiny:terse"]

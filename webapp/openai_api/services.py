@@ -148,6 +148,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    adapter = model_target_for_key(api_key=api_key, slug=values["model"])[1]  # a LoRA adapter, or None
     num_shared = 0
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
@@ -182,7 +183,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     try:  # the request is accounted for from now on, even if this process dies before it ends
         usage_record_start(request_id=request_id, endpoint=endpoint, started=started, model=version.model,
                            version=version, num_prompt_tokens=len(prompt_ids), api_key=api_key, user=api_key.owner,
-                           end_user=values.get("user") or "")
+                           end_user=values.get("user") or "", model_name=str(adapter) if adapter else None)
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
@@ -192,8 +193,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared,
-        adapter=model_target_for_key(api_key=api_key, slug=values["model"])[1])
+        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared, adapter=adapter)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
