@@ -60,11 +60,11 @@ class LLM:
         prompts = [apply_chat_template(self.tokenizer, conv) for conv in conversations]
         return self.generate(prompts, params)
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None
-               ) -> Iterator[RequestOutput]:
-        """Yield one request's deltas as they are produced."""
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+               adapter: LoRARequest | None = None) -> Iterator[RequestOutput]:
+        """Yield one request's deltas as they are produced (under ``adapter``, a LoRA adapter)."""
         rid = f"stream-{next(self._ids)}"
-        self.engine.add_request(rid, prompt, params)
+        self.engine.add_request(rid, prompt, params, adapter=adapter)
         try:
             while True:
                 for out in self.engine.step():
