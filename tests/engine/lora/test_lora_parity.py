@@ -101,5 +101,7 @@ def test_lru_evicts_an_idle_adapter_while_serving(tiny_lora, mixed_batch):
     slots = engine.scheduler.lora_slots
     assert (slots.num_loads, slots.num_evictions) == (2, 1)
     assert slots.resident == [requests[2].identity]
+    stats = engine.stats()  # what the worker's heartbeat and /metrics publish
+    assert (stats.num_lora_resident, stats.num_lora_loads) == (1, 2)
     for i in (0, 1, 2):
         assert tokens[f"r{i}"] == reference[i]
