@@ -20,6 +20,7 @@ _EXPORTS = {
     "EngineError": "engine.errors", "InvalidParameterError": "engine.errors",
     "ContextLengthExceededError": "engine.errors", "ModelLoadError": "engine.errors",
     "RequestNotFoundError": "engine.errors", "Tenant": "engine.tenancy",
+    "LoRARequest": "engine.lora.request",
 }
 __all__ = list(_EXPORTS)
 

@@ -227,6 +227,13 @@ class EngineConfig:
         "and vocabulary; heads, KV heads, intermediate and vocabulary sizes must divide by it",
         minimum=1, maximum=64)
 
+    max_loras: int = _setting(
+        4, "LoRA adapters resident at once (the least recently used one no running request uses "
+        "is unloaded for a new one); their layers are installed at the first adapter request; 0: "
+        "no adapters", minimum=0, maximum=256)
+    max_lora_rank: int = _setting(16, "largest LoRA rank served; each slot holds this rank",
+                                  minimum=1, maximum=1024)
+
     def __post_init__(self) -> None:
         if not (isinstance(self.model, str) and self.model):
             raise InvalidParameterError("model", "must name a model")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from engine.config import EngineConfig
 from engine.errors import InvalidParameterError
 from engine.llm_engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.text.tokenizer import apply_chat_template
@@ -22,9 +23,12 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None, *, n: int = 1
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *, n: int = 1,
+                 adapters: LoRARequest | None | Sequence[LoRARequest | None] = None
                  ) -> list[CompletionOutput]:
         """Run every prompt to completion in one continuous batch; results in input order.
+
+        ``adapters``: one LoRA adapter for every prompt, or one per prompt (None: the base model).
 
         With ``n`` > 1, each prompt gives n samples (sharing its prompt's KV blocks), listed
         one after the other with their ``index``.
@@ -32,10 +36,14 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         params_list = _as_params_list(params, len(prompts))
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        adapter_list = (list(adapters) if isinstance(adapters, (list, tuple))
+                        else [adapters] * len(prompts))
+        if len(adapter_list) != len(prompts):
+            raise InvalidParameterError("adapters", f"got {len(adapter_list)} adapters for {len(prompts)} prompts")
         results: dict[tuple[str, int], CompletionOutput] = {}
-        for rid, prompt, p in zip(ids, prompts, params_list):
+        for rid, prompt, p, adapter in zip(ids, prompts, params_list, adapter_list):
             prompt_ids = self.engine.encode_prompt(prompt)
-            self.engine.add_request(rid, prompt_ids, p, n=n)
+            self.engine.add_request(rid, prompt_ids, p, n=n, adapter=adapter)
             for i in range(n):
                 results[rid, i] = CompletionOutput(rid, prompt if isinstance(prompt, str) else None,
                                                    prompt_ids, "", [], None, index=i,
@@ -52,11 +60,11 @@ class LLM:
         prompts = [apply_chat_template(self.tokenizer, conv) for conv in conversations]
         return self.generate(prompts, params)
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None
-               ) -> Iterator[RequestOutput]:
-        """Yield one request's deltas as they are produced."""
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+               adapter: LoRARequest | None = None) -> Iterator[RequestOutput]:
+        """Yield one request's deltas as they are produced (under ``adapter``, a LoRA adapter)."""
         rid = f"stream-{next(self._ids)}"
-        self.engine.add_request(rid, prompt, params)
+        self.engine.add_request(rid, prompt, params, adapter=adapter)
         try:
             while True:
                 for out in self.engine.step():

@@ -23,6 +23,8 @@ from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
 from engine.scheduling.admission import check_length, check_request, check_tenancy, check_token_ids, encode_prompt
 from engine.errors import InvalidParameterError, RequestNotFoundError
+from engine.lora.request import LoRARequest
+from engine.lora.slots import AdapterSlots
 from engine.memory.host_memory import release_after_load, release_idle_heap
 from engine.runtime.isolation import bisect, probe
 from engine.runtime.model_runner import ModelRunner
@@ -89,6 +91,7 @@ class LLMEngine:
                                    max_num_decodes=max_num_decodes(config, self.runner.device.type))
         self.scheduler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                                   self.eos_token_ids)  # structured outputs
+        self.scheduler.lora_slots = AdapterSlots(config.max_loras)  # resident LoRA adapters
         self._requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step()
         self._groups: dict[str, SampleGroup] = {}  # n > 1 requests, by request id
@@ -104,7 +107,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, *, priority: int = 0,
                     arrival_time: float | None = None, n: int = 1, tenant: Tenant | None = None,
-                    shared_prefix_len: int = 0) -> int:
+                    shared_prefix_len: int = 0, adapter: LoRARequest | None = None) -> int:
         """Queue a request; returns its prompt length. Raises if it can never be served.
 
         ``n`` > 1 asks for n samples of the same prompt (engine/sampling/parallel_sampling.py): their
@@ -115,6 +118,9 @@ class LLMEngine:
         it never hits another tenant's, except the full blocks inside its first
         ``shared_prefix_len`` prompt tokens, a prefix the caller vouches is public (engine/tenancy.py);
         and the scheduler shares the engine between tenants by their weight (fair_share.py).
+
+        ``adapter`` runs the request under a LoRA adapter (engine/lora/), checked against the
+        base here, loaded when it is first scheduled; None: the base model.
         """
         params = check_request(request_id, params, priority)
         n = check_n(n)
@@ -124,6 +130,8 @@ class LLMEngine:
         prompt_ids = self.encode_prompt(prompt)
         tenant = check_tenancy(tenant, shared_prefix_len, len(prompt_ids))
         check_token_ids(params, self.model_config.vocab_size)
+        if adapter is not None:
+            self.runner.lora.check(adapter)
         max_tokens = check_length(len(prompt_ids), params.max_tokens, max_model_len=self.max_model_len,
                                   block_size=self.config.block_size, num_blocks=self.block_manager.num_blocks)
         group = SampleGroup(request_id, num_live=n) if n > 1 else None
@@ -131,7 +139,7 @@ class LLMEngine:
         try:
             for i, sid in enumerate(ids):
                 seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time,
-                               tenant=tenant, shared_prefix_len=shared_prefix_len)
+                               tenant=tenant, shared_prefix_len=shared_prefix_len, adapter=adapter)
                 detok = IncrementalDetokenizer(
                     self.tokenizer, skip_special_tokens=params.skip_special_tokens,
                     stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)

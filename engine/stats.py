@@ -17,6 +17,8 @@ class EngineStats:
     num_preemptions: int
     num_prompt_tokens: int  # prompt tokens computed (not served by the prefix cache), all time
     num_generation_tokens: int  # tokens generated, all time
+    num_lora_resident: int = 0  # LoRA adapters resident now (at most max_loras)
+    num_lora_loads: int = 0  # adapters made resident (first loads and reloads after eviction), all time
 
 
 def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_generation_tokens: int) -> EngineStats:
@@ -27,4 +29,6 @@ def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_genera
         prefix_cache_queried_tokens=block_manager.num_prefix_queried_tokens,
         prefix_cache_hit_tokens=block_manager.num_prefix_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
-        num_prompt_tokens=num_prompt_tokens, num_generation_tokens=num_generation_tokens)
+        num_prompt_tokens=num_prompt_tokens, num_generation_tokens=num_generation_tokens,
+        num_lora_resident=len(slots.resident) if (slots := scheduler.lora_slots) else 0,
+        num_lora_loads=slots.num_loads if slots else 0)

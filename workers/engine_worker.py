@@ -39,6 +39,7 @@ from engine.distributed.parallel_state import RankLostError
 from engine.errors import InvalidParameterError, RequestNotFoundError
 from engine.llm_engine import LLMEngine
 from engine.outputs import REQUEST_FAILED, FinishReason
+from engine.lora.request import LoRARequest
 from engine.sampling_params import SamplingParams
 from engine.tenancy import Tenant
 from workers.heartbeat import Heartbeat
@@ -304,7 +305,8 @@ class EngineWorker:
                                         sampling_params(req.params), priority=req.priority,
                                         arrival_time=arrival_time(req.created_at), n=req.n,
                                         tenant=Tenant(req.tenant, req.tenant_weight),
-                                        shared_prefix_len=req.shared_prefix_len)
+                                        shared_prefix_len=req.shared_prefix_len,
+                                        adapter=LoRARequest(req.adapter, req.adapter_path) if req.adapter else None)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)

@@ -3,10 +3,11 @@
 ``WorkerMetrics.snapshot()`` returns a JSON-ready dict:
 
 - engine gauges: ``num_running``, ``num_waiting``, ``num_blocks``, ``num_free_blocks``,
-  ``kv_cache_usage`` (0..1), plus ``num_inflight`` (requests this worker has claimed);
+  ``kv_cache_usage`` (0..1), ``num_lora_resident`` (LoRA adapters loaded), plus ``num_inflight``
+  (requests this worker has claimed);
 - counters since the worker started: ``prefix_cache_queried_tokens``,
   ``prefix_cache_hit_tokens``, ``num_preemptions``, ``num_prompt_tokens``,
-  ``num_generation_tokens``, ``num_requests`` (claimed), ``num_requests_finished``
+  ``num_generation_tokens``, ``num_lora_loads``, ``num_requests`` (claimed), ``num_requests_finished``
   (``{"stop", "length", "abort", "error"}`` -> count);
 - ``tokens_per_s``: generated tokens per second over the last ``RATE_WINDOW_S``;
 - ``latency``: ``{"time_to_first_token" | "time_per_output_token" | "e2e_latency": histogram}``
@@ -110,6 +111,8 @@ class WorkerMetrics:
             "num_preemptions": engine_stats.num_preemptions,
             "num_prompt_tokens": engine_stats.num_prompt_tokens,
             "num_generation_tokens": engine_stats.num_generation_tokens,
+            "num_lora_resident": engine_stats.num_lora_resident,
+            "num_lora_loads": engine_stats.num_lora_loads,
             "tokens_per_s": self.tokens_per_s(engine_stats.num_generation_tokens, now),
             "num_requests": self.num_requests,
             "num_requests_finished": dict(self.num_finished),

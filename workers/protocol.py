@@ -86,6 +86,10 @@ class GenerateRequest:
     # The first prompt tokens that are a prefix staff marked as shared: their full blocks are
     # cached for every tenant. At most the prompt's length (a longer one is refused, not clamped).
     shared_prefix_len: int = 0
+    # A LoRA adapter of the model (engine/lora/): its name and its folder on the workers'
+    # machine; "" runs the base model. The worker serving the base serves its adapters.
+    adapter: str = ""
+    adapter_path: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -101,6 +105,9 @@ class GenerateRequest:
             raise ProtocolError("GenerateRequest: n must be a positive integer")
         if not isinstance(req.tenant, str):
             raise ProtocolError("GenerateRequest: tenant must be a string")
+        if not (isinstance(req.adapter, str) and isinstance(req.adapter_path, str)) or (
+                bool(req.adapter) != bool(req.adapter_path)):
+            raise ProtocolError("GenerateRequest: adapter and adapter_path must be strings, both set or both empty")
         weight = req.tenant_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
                 or weight <= 0:

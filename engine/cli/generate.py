@@ -18,6 +18,7 @@ def add_args(p) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
+    p.add_argument("--adapter", metavar="PEFT_DIR", help="run under this LoRA adapter folder")
 
 
 def run(args, load_llm) -> int:
@@ -28,8 +29,12 @@ def run(args, load_llm) -> int:
     if args.chat:
         from engine.text.tokenizer import apply_chat_template
         prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": prompt}])
+    adapter = None
+    if args.adapter:
+        from engine.lora.request import LoRARequest
+        adapter = LoRARequest("cli", args.adapter)
     last = None
-    for out in llm.stream(prompt, params):
+    for out in llm.stream(prompt, params, adapter=adapter):
         sys.stdout.write(out.text_delta)
         sys.stdout.flush()
         last = out

@@ -13,6 +13,8 @@ bf16 or float32 pool (not 8-bit), there is no tensor parallelism and no Triton; 
 returns None and the torch path runs, unchanged. So it does for a family whose layer is not the
 plain Llama layer (``fused_decode_layers`` false: Qwen3's Q/K norms, sliding windows, Gemma 3);
 every RoPE scaling is in the one table it reads. ``PAGODA_FUSED_DECODE=0`` turns it off.
+It knows no LoRA: a step with any row under an adapter is declined (``takes``) and runs the torch
+path, whose projections carry the batched LoRA product (engine/lora/); a base-only step runs here.
 
 A decode row's arithmetic does not depend on its neighbours, the thread count or where its
 blocks lie (decode_step.c's header), so a sequence's tokens are the same alone or batched.
@@ -125,9 +127,12 @@ class FusedDecode:
         return decode_step.Proj(bits=4, w=packed.data_ptr(), d=d.data_ptr(), m=m.data_ptr(),
                                 bias=bias or None, n=layer.out_features)
 
-    def takes(self, num_decode_rows: int) -> bool:
-        """Whether a step with this many decode rows runs them here (not when a dense bf16 copy
-        is asked to take that many rows)."""
+    def takes(self, num_decode_rows: int, num_adapter_rows: int = 0) -> bool:
+        """Whether a step with this many decode rows runs them here: not when a dense bf16 copy
+        is asked to take that many rows, nor when any row runs under a LoRA adapter (the C step
+        has no LoRA product)."""
+        if num_adapter_rows:
+            return False
         return num_decode_rows > 0 and not (self.dense_rows and num_decode_rows >= self.dense_rows)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

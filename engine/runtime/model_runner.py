@@ -23,6 +23,7 @@ from engine.memory.kv_pool_sizing import (kv_bytes_per_token, max_blocks_per_seq
 from engine.kernels import kv_quant
 from engine.layers.int8_embedding import Int8Embedding
 from engine.layers.attention import Workspace
+from engine.lora.runtime import LoRARuntime
 from engine.sampling.sampler import Sampler
 from engine.models.fused_decode import FusedDecode
 from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
@@ -144,6 +145,9 @@ class ModelRunner:
         self.fused_decode = FusedDecode.build(
             self.model, self.kv_caches, self.block_size, use_triton=self.use_triton,
             tensor_parallel=self.tp > 1, dense_rows=dense_rows) if self.device.type == "cpu" else None
+        # LoRA adapters: projections wrapped (after the fused step took the plain ones) at the first
+        self.lora = LoRARuntime(self.model, num_slots=config.max_loras, max_rank=config.max_lora_rank,
+                                dtype=self.dtype, device=self.device, tensor_parallel=self.tp > 1)
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
@@ -275,19 +279,33 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+        """One step. Where the fused CPU decode step runs, LoRA rows beside base decodes make two
+        forwards (the base decodes fused, the rest on the torch path): a base request's tokens never
+        depend on whether adapters share its step."""
+        if self.fused_decode is not None and any(e.seq.adapter is not None for e in entries):
+            fusable = [e.num_new_tokens == 1 and e.seq.adapter is None for e in entries]
+            if 0 < sum(fusable) < len(entries) and self.fused_decode.takes(sum(fusable)):
+                return (self._execute([e for e, f in zip(entries, fusable) if not f])
+                        + self._execute([e for e, f in zip(entries, fusable) if f]))
+        return self._execute(entries)
+
+    def _execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+        num_adapter_rows = sum(e.num_new_tokens for e in entries if e.seq.adapter is not None)
         fused = self.fused_decode is not None and self.fused_decode.takes(
-            sum(e.num_new_tokens == 1 for e in entries))
+            sum(e.num_new_tokens == 1 for e in entries), num_adapter_rows)
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton, fused,
                                   window_tables=self.window_split is not None)
         batch.meta.workspace = self.workspace
         if batch.meta.window is not None:
             batch.meta.window.workspace = self.workspace
+        if num_adapter_rows:
+            self.lora.prepare(batch.ordered)
         # Built before the forward is queued, so its host-to-device copies never wait on it.
         meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
         if self.ranks is not None:  # tensor parallel: the other ranks run the same step
             self.ranks.send_step(entries)
         try:
-            if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
+            if not num_adapter_rows and self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
                 hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
             elif fused:
                 hidden = self._forward_fused(batch)
@@ -300,6 +318,8 @@ class ModelRunner:
             if self.ranks is not None:  # the ranks' collectives are out of step now
                 self.ranks.fail(exc)  # raises RankLostError
             raise
+        finally:
+            self.lora.clear()
         out = self.sampler(logits, meta)
         token_ids, logprobs = self._to_host(batch.sampling, out)
         return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]

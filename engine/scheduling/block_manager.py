@@ -18,6 +18,10 @@ every tenant's salt) depends on it. xxh3 is fast, not collision resistant: with 
 tenant could search offline for a prompt whose block hashes like a shared block's and have its
 own KV served to others, or theirs to it (vLLM's CVE-2025-25183, with Python's hash). Nothing
 outside this process ever sees or compares the hashes, so the secret costs nothing.
+
+A sequence under a LoRA adapter computes other K/V for the same tokens, so its whole chain,
+public blocks included, roots in ``chain_root``: the public root salted with the adapter's
+identity. Blocks computed under adapter X are never reused for adapter Y or for the base.
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ def tenant_salted(parent_hash: int, tenant_id: str) -> int:
     h.update(b"pagoda-tenant\x00")
     h.update(parent_hash.to_bytes(16, "little"))
     h.update(tenant_id.encode("utf-8"))
+    return h.intdigest()
+
+
+def chain_root(seq: Sequence) -> int:
+    """The parent of ``seq``'s block 0: PUBLIC_ROOT for the base model, else salted with its
+    adapter's identity."""
+    if seq.adapter is None:
+        return PUBLIC_ROOT
+    h = xxhash.xxh3_128()
+    h.update(b"pagoda-adapter\x00")
+    h.update(seq.adapter.identity.encode("utf-8"))
     return h.intdigest()
 
 
@@ -92,11 +107,11 @@ class BlockManager:
         The last token is always left out because the step that computes it produces
         the logits of the next token, so it can never be served from the cache.
         """
-        return self._chain(seq, 0, (seq.num_tokens - 1) // self.block_size, PUBLIC_ROOT)
+        return self._chain(seq, 0, (seq.num_tokens - 1) // self.block_size, chain_root(seq))
 
     def _chain(self, seq: Sequence, start: int, stop: int, parent: int) -> list[int]:
         """Hashes of ``seq``'s full blocks ``start``..``stop - 1``; ``parent`` is block
-        ``start - 1``'s hash (PUBLIC_ROOT for block 0)."""
+        ``start - 1``'s hash (``chain_root(seq)`` for block 0)."""
         bs = self.block_size
         num_public = seq.shared_prefix_len // bs  # blocks wholly inside the shared prefix
         hashes: list[int] = []
@@ -167,7 +182,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         start = len(seq.block_hashes)
-        parent = seq.block_hashes[-1] if seq.block_hashes else PUBLIC_ROOT
+        parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq)
         stop = seq.num_computed_tokens // self.block_size
         for i, block_hash in enumerate(self._chain(seq, start, stop, parent), start):
             seq.block_hashes.append(block_hash)

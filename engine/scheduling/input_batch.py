@@ -20,6 +20,7 @@ class InputBatch:
     # [S] rows of the flat batch whose next token is sampled; slice(None) when that is every row
     logits_rows: torch.Tensor | slice
     sampling: list[ScheduledSequence]  # the S entries, in the same order
+    ordered: list[ScheduledSequence]  # every entry, in the order of the flat batch's rows
 
 
 def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
@@ -74,6 +75,7 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         meta=meta,
         logits_rows=slice(None) if every_row else flat[3 * t:],
         sampling=sampling,
+        ordered=ordered,
     )
 
 

@@ -14,6 +14,12 @@ another's sequences run (nothing of its own running, a new request waiting) gets
 own: its prompt's first chunk without the running decodes, so that its first token comes after
 that short step, not after a step of the whole batch (on a CPU, 128 decodes take 100-250 ms,
 a short prompt alone 10-20 ms). The decodes lose that one short step per such arrival.
+
+share; with one tenant that is the policy's order above, unchanged.
+
+A sequence under a LoRA adapter is admitted only when its adapter is resident or can be made so
+(``lora_slots``, engine/lora/slots.py: a bounded LRU that never evicts a running sequence's
+adapter); otherwise it waits and the sequences behind it go ahead.
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ class Scheduler:
         # engine/structured/grammar.py's GrammarCompiler, set by the engine: a constrained
         # sequence's grammar is compiled off this thread from add(), and it waits until ready
         self.grammars = None
+        self.lora_slots = None  # engine/lora/slots.py's AdapterSlots, set by an engine serving adapters
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence) -> None:
@@ -183,6 +190,10 @@ class Scheduler:
             if seq.grammar is not None and not seq.grammar.ready:  # still compiling, off this thread
                 compiling = seq
                 continue
+            if seq.adapter is not None:  # its adapter resident, or it waits for a slot
+                seq.lora_slot = self.lora_slots.acquire(seq.adapter, self.running)
+                if seq.lora_slot is None:
+                    continue
             computed: list[int] = []
             hashes: list[int] = []
             if seq.num_computed_tokens == 0 and self.block_manager.enable_prefix_caching:

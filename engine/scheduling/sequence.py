@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 
+from engine.lora.request import LoRARequest
 from engine.sampling_params import SamplingParams
 from engine.tenancy import Tenant
 
@@ -27,11 +28,13 @@ class Sequence:
 
     ``tenant`` scopes its prefix-cache blocks; the full blocks inside its first
     ``shared_prefix_len`` prompt tokens (a prefix staff marked as shared) are every tenant's.
+    ``adapter`` (a LoRA adapter, None for the base) is part of what its tokens mean: it roots the
+    blocks' hash chain, and ``lora_slot`` is where the scheduler made it resident.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, priority: int = 0, arrival_time: float | None = None, tenant: Tenant | None = None,
-                 shared_prefix_len: int = 0):
+                 shared_prefix_len: int = 0, adapter: LoRARequest | None = None):
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -39,6 +42,8 @@ class Sequence:
         self.priority = priority
         self.tenant = Tenant() if tenant is None else tenant
         self.shared_prefix_len = shared_prefix_len
+        self.adapter = adapter
+        self.lora_slot = -1  # set at each admission (engine/lora/slots.py); -1: the base
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_order = next(_arrival_counter)  # ties in arrival_time broken FIFO
         self.status = SequenceStatus.WAITING

@@ -8,9 +8,9 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from webapp.keys.models import ApiKey
-from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
+from webapp.keys.selectors import apikey_allows_adapter, apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_create, hash_key
-from webapp.registry.models import Model, ModelVersion
+from webapp.registry.models import Adapter, Model, ModelVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -221,3 +221,15 @@ def test_chat_limits_refuse_an_unbounded_socket_count_and_need_staff(staff_clien
     assert ChatLimits.objects.get(user=owner).max_sockets != 0
     client.force_login(owner)
     assert client.get(reverse("console:chat-limits")).status_code == 403
+
+
+def test_a_key_scoped_to_an_adapter_alone_may_call_it_and_not_its_base(staff_client, owner):
+    tiny = _served_model("tiny")
+    terse = Adapter.objects.create(base=tiny, name="terse", path="/a/terse", rank=4, target_modules=["q_proj"])
+    response = _create(staff_client, owner, adapters=[terse.pk])
+    api_key = apikey_get_usable(raw_key=KEY_PATTERN.search(response.content.decode()).group(1))
+
+    assert list(api_key.adapters.all()) == [terse] and not api_key.models.exists()
+    assert apikey_allows_adapter(api_key=api_key, adapter=terse)
+    assert not apikey_allows_model(api_key=api_key, model=tiny)
+    assert "tiny:terse" in staff_client.get(reverse("console:keys")).content.decode()

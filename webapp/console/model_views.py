@@ -15,7 +15,7 @@ from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadErr
 from webapp.console.access import staff_required
 from webapp.openai_api.body import JsonInputError, json_read
 from webapp.registry.chat_templates import CHOICES as CHAT_TEMPLATE_CHOICES
-from webapp.registry.models import Model, ModelVersion
+from webapp.registry.models import Adapter, Model, ModelVersion
 from webapp.registry.services import (CONVERT_DTYPES, modelversion_activate, modelversion_deactivate,
                                       modelversion_delete, modelversion_register_path,
                                       modelversion_set_chat_template, modelversion_update_settings,
@@ -124,7 +124,8 @@ def models_page(request):
     return render(request, "console/models.html", {
         "models": Model.objects.order_by("slug"), "rows": rows, "page": "models",
         "upload_settings_fields": settings_form_fields({}), "convert_dtypes": CONVERT_DTYPES,
-        "chat_template_choices": CHAT_TEMPLATE_CHOICES})
+        "chat_template_choices": CHAT_TEMPLATE_CHOICES,
+        "adapters": Adapter.objects.select_related("base")})
 
 
 def _tell(request, attempt, refused: str) -> HttpResponse:

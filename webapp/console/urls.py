@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from webapp.console import jobs, keys_views, metrics_views, model_views, views
+from webapp.console import adapter_views, jobs, keys_views, metrics_views, model_views, views
 
 app_name = "console"
 urlpatterns = [
@@ -26,6 +26,8 @@ urlpatterns = [
          name="version-chat-template"),
     path("models/versions/<int:version_id>/estimate.json", model_views.version_estimate,
          name="version-estimate"),
+    path("models/adapters/", adapter_views.adapter_upload_view, name="adapter-upload"),
+    path("models/adapters/<int:adapter_id>/toggle/", adapter_views.adapter_toggle, name="adapter-toggle"),
     path("keys/", keys_views.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models as m
 
-from webapp.registry.models import Model
+from webapp.registry.models import Adapter, Model
 
 # The engine's fair share across users (engine/tenancy.py): a user whose key (or chat limits) has
 # weight 2 gets twice the tokens of a user at 1 while both have requests waiting. Staff may set
@@ -34,8 +34,9 @@ class ApiKey(m.Model):  # `m`: the field below is called `models`
     owner = m.ForeignKey(settings.AUTH_USER_MODEL, on_delete=m.CASCADE, related_name="api_keys")
     prefix = m.CharField(max_length=16, db_index=True)  # shown in lists: "pgd-AbCd1234"
     key_hash = m.CharField(max_length=64, unique=True)  # sha256 hex of the whole key
-    # Models the key may call; none at all means every model.
+    # Models and LoRA adapters the key may call; none of either means every model and adapter.
     models = m.ManyToManyField(Model, blank=True, related_name="api_keys")
+    adapters = m.ManyToManyField(Adapter, blank=True, related_name="api_keys")
     expires_at = m.DateTimeField(null=True, blank=True)
     is_revoked = m.BooleanField(default=False)
     created_at = m.DateTimeField(auto_now_add=True)

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from webapp.keys.models import ApiKey, ChatLimits
 from webapp.keys.services import hash_key
-from webapp.registry.models import Model
+from webapp.registry.models import Adapter, Model
 
 
 def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
@@ -21,9 +21,15 @@ def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
 
 
 def apikey_allows_model(*, api_key: ApiKey, model: Model) -> bool:
-    """An empty scope means every model."""
-    scoped = api_key.models.values_list("pk", flat=True)
-    return not scoped or model.pk in set(scoped)
+    """An empty scope (no model, no adapter) means every model."""
+    scoped = set(api_key.models.values_list("pk", flat=True))
+    return model.pk in scoped or not (scoped or api_key.adapters.exists())
+
+
+def apikey_allows_adapter(*, api_key: ApiKey, adapter: Adapter) -> bool:
+    """A LoRA adapter is scoped like a model: named in the key's scope, or the scope is empty."""
+    return (api_key.adapters.filter(pk=adapter.pk).exists()
+            or not (api_key.adapters.exists() or api_key.models.exists()))
 
 
 def apikey_list_for_owner(*, owner) -> QuerySet[ApiKey]:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from webapp.keys.models import (FAIR_SHARE_WEIGHT_DEFAULT, FAIR_SHARE_WEIGHT_MAX, FAIR_SHARE_WEIGHT_MIN, ApiKey,
                                  ChatLimits)
-from webapp.registry.models import Model
+from webapp.registry.models import Adapter, Model
 
 KEY_MARKER = "pgd-"
 PREFIX_LENGTH = len(KEY_MARKER) + 8
@@ -52,13 +52,14 @@ def hash_key(raw_key: str) -> str:
 
 @transaction.atomic
 def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model] = (),
-                  expires_at: datetime | None = None, can_set_priority: bool = False,
+                  adapters: Iterable[Adapter] = (), expires_at: datetime | None = None, can_set_priority: bool = False,
                   fair_share_weight: float = FAIR_SHARE_WEIGHT_DEFAULT, **limits: int | None) -> tuple[ApiKey, str]:
     """The new key and its secret, which is returned here and never again.
 
     ``limits``: any of LIMIT_FIELDS (None or absent: unlimited). ``can_set_priority``: the key's
     requests may ask for a scheduling priority other than 0. ``fair_share_weight``: its owner's
-    weight in the engine's fair share across users.
+    weight in the engine's fair share across users. ``models`` and ``adapters`` (LoRA adapters)
+    scope it; none of either: every model and adapter.
     """
     if not name.strip():
         raise ValidationError("an API key needs a name", code="invalid_name")
@@ -70,6 +71,7 @@ def apikey_create(*, owner: AbstractBaseUser, name: str, models: Iterable[Model]
                                     can_set_priority=can_set_priority,
                                     fair_share_weight=_validated_weight(fair_share_weight), **_validated_limits(limits))
     api_key.models.set(list(models))
+    api_key.adapters.set(list(adapters))
     return api_key, raw_key
 
 

@@ -50,6 +50,7 @@ GAUGES = {
     "num_waiting": ("num_requests_waiting", "Requests waiting to be scheduled."),
     "kv_cache_usage": ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)."),
     "tokens_per_s": ("generation_tokens_per_second", "Tokens generated per second, recent window."),
+    "num_lora_resident": ("lora_adapters_resident", "LoRA adapters resident in the engine (at most max_loras)."),
 }
 COUNTERS = {
     "prefix_cache_queried_tokens": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
@@ -57,6 +58,7 @@ COUNTERS = {
     "num_preemptions": ("num_preemptions", "Running requests preempted for lack of KV blocks."),
     "num_prompt_tokens": ("prompt_tokens", "Prompt tokens computed (prefix cache hits excluded)."),
     "num_generation_tokens": ("generation_tokens", "Tokens generated."),
+    "num_lora_loads": ("lora_adapter_loads", "LoRA adapters made resident (first loads and reloads after eviction)."),
 }
 HISTOGRAMS = {
     "time_to_first_token": ("time_to_first_token_seconds", "Time from request creation to its first token."),

@@ -16,14 +16,15 @@ from webapp.keys.enforcement import (LimitExceeded, PriorityNotAllowed, apikey_a
 from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import ApiKey
 from webapp.chat.prefix_sharing import shared_prefix_len
-from webapp.keys.selectors import apikey_allows_model, apikey_get_usable
+from webapp.keys.selectors import apikey_allows_adapter, apikey_allows_model, apikey_get_usable
 from webapp.keys.services import apikey_mark_used
 from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
 from webapp.openai_api.tool_calls import ToolPlan, template_messages
-from webapp.registry.models import Model, ModelVersion
+from webapp.registry.adapters import adapter_resolve
+from webapp.registry.models import Adapter, Model, ModelVersion
 from webapp.registry.chat_templates import add_turn_ends
 from webapp.registry.selectors import modelversion_get_active, modelversion_tokenizer
 from webapp.registry.tokenizers import ChatTemplateError, ModelTokenizer
@@ -68,6 +69,7 @@ class Generation:
     n: int = 1  # choices (samples of the prompt)
     tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
     shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
+    adapter: Adapter | None = None  # a LoRA adapter of the model, which its workers serve
 
     @property
     def prompt_param(self) -> str:
@@ -79,7 +81,9 @@ class Generation:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug,
                                prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
                                n=self.n, tenant=user_tenant(self.api_key.owner_id),
-                               tenant_weight=self.api_key.fair_share_weight, shared_prefix_len=self.shared_prefix_len)
+                               tenant_weight=self.api_key.fair_share_weight, shared_prefix_len=self.shared_prefix_len,
+                               adapter=self.adapter.name if self.adapter else "",
+                               adapter_path=self.adapter.path if self.adapter else "")
 
 
 def api_key_from_header(authorization: str | None) -> ApiKey:
@@ -113,10 +117,18 @@ def _sampling_params(data: dict, max_tokens: int | None, logprobs: int | None) -
 
 def model_version_for_key(*, api_key: ApiKey, slug: str) -> ModelVersion:
     """The active version of a model the key may use; 404 model_not_found otherwise."""
-    version = modelversion_get_active(slug=slug)
-    if version is None or not apikey_allows_model(api_key=api_key, model=version.model):
+    return model_target_for_key(api_key=api_key, slug=slug)[0]
+
+
+def model_target_for_key(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, Adapter | None]:
+    """What ``model`` names, for a key that may use it: the active version of a model, and the
+    LoRA adapter when it names one (``<base>:<adapter>`` or the adapter's own name); 404 otherwise."""
+    base_slug, adapter = adapter_resolve(name=slug)
+    version = modelversion_get_active(slug=base_slug)
+    if version is None or not (apikey_allows_model(api_key=api_key, model=version.model) if adapter is None
+                               else apikey_allows_adapter(api_key=api_key, adapter=adapter)):
         raise errors.model_not_found(slug)
-    return version
+    return version, adapter
 
 
 def model_served(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, ModelTokenizer]:
@@ -137,6 +149,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    adapter = model_target_for_key(api_key=api_key, slug=values["model"])[1]  # a LoRA adapter, or None
     num_shared = 0
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
@@ -171,7 +184,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     try:  # the request is accounted for from now on, even if this process dies before it ends
         usage_record_start(request_id=request_id, endpoint=endpoint, started=started, model=version.model,
                            version=version, num_prompt_tokens=len(prompt_ids), api_key=api_key, user=api_key.owner,
-                           end_user=values.get("user") or "")
+                           end_user=values.get("user") or "", model_name=str(adapter) if adapter else None)
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
@@ -183,7 +196,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared)
+        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared, adapter=adapter)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:

@@ -13,15 +13,16 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from webapp.keys.selectors import apikey_allows_model
+from webapp.keys.selectors import apikey_allows_adapter, apikey_allows_model
 from webapp.openai_api import errors
 from webapp.openai_api.body import JsonBodyParser
 from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
                                           SamplingInputSerializer, check_tool_messages, limited)
-from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_version_for_key
+from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_target_for_key
 from webapp.openai_api.tool_calls import tool_plan
+from webapp.registry.adapters import adapter_list_active
 from webapp.registry.selectors import modelversion_list_active
 
 
@@ -60,6 +61,12 @@ def _model_object(version) -> dict:
             "owned_by": "pagoda"}
 
 
+def _adapter_object(adapter) -> dict:
+    """A LoRA adapter as a model; ``parent`` names its base (as vLLM lists adapters)."""
+    return {"id": adapter.name, "object": "model", "created": int(adapter.created_at.timestamp()),
+            "owned_by": "pagoda", "parent": adapter.base.slug}
+
+
 class ModelListApi(OpenAIApiView):
     """GET v1/models: the served models this key may use."""
 
@@ -67,6 +74,8 @@ class ModelListApi(OpenAIApiView):
         api_key = request.auth
         data = [_model_object(v) for v in modelversion_list_active()
                 if apikey_allows_model(api_key=api_key, model=v.model)]
+        data += [_adapter_object(a) for a in adapter_list_active()
+                 if apikey_allows_adapter(api_key=api_key, adapter=a)]
         return Response({"object": "list", "data": data})
 
 
@@ -74,7 +83,8 @@ class ModelRetrieveApi(OpenAIApiView):
     """GET v1/models/<model>."""
 
     def get(self, request, model: str):
-        return Response(_model_object(model_version_for_key(api_key=request.auth, slug=model)))
+        version, adapter = model_target_for_key(api_key=request.auth, slug=model)
+        return Response(_model_object(version) if adapter is None else _adapter_object(adapter))
 
 
 class CompletionApiBase(View):

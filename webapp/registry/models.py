@@ -74,3 +74,24 @@ class ModelVersion(models.Model):
     def label(self) -> str:
         """The version as workers announce it (WorkerInfo.version)."""
         return str(self.number)
+
+
+class Adapter(models.Model):
+    """A LoRA adapter of a model (a PEFT folder, checked against the base's active version at
+    upload). Clients name it ``"<base>:<name>"`` or ``"<name>"``; the base's workers serve it."""
+
+    base = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="adapters")
+    # Unique across adapters and never a model's slug (webapp/registry/adapters.py checks), so a
+    # bare name resolves to one thing.
+    name = models.SlugField(max_length=64, unique=True)
+    path = models.CharField(max_length=1024)  # MEDIA_ROOT/adapters/<base>/<name>-<id>/, one per upload
+    rank = models.PositiveIntegerField()
+    target_modules = models.JSONField(default=list)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["base__slug", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.base.slug}:{self.name}"

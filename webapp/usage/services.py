@@ -49,13 +49,15 @@ def usage_record_build(*, request_id: str, endpoint: str, status: str, latency: 
 
 
 def usage_record_start(*, request_id: str, endpoint: str, started: float, model: Model, version: ModelVersion,
-                       num_prompt_tokens: int, api_key=None, user=None, end_user: str = "") -> UsageRecord:
+                       num_prompt_tokens: int, api_key=None, user=None, end_user: str = "",
+                       model_name: str | None = None) -> UsageRecord:
     """The ``running`` record of a request about to be sent to a worker (API request, batch line or
     chat turn), naming this process with its lease renewed (LimitStoreUnavailable if it cannot be),
-    so that the request is accounted for even if this process dies before it ends."""
+    so that the request is accounted for even if this process dies before it ends. ``model_name``:
+    what the request ran as when not the model's slug (a LoRA adapter's ``base:adapter``)."""
     return usage_record_create(
         request_id=request_id, endpoint=endpoint, status=UsageRecord.Status.RUNNING, latency=monotonic() - started,
-        api_key=api_key, user=user, model=model, version=version, model_name=model.slug,
+        api_key=api_key, user=user, model=model, version=version, model_name=model_name or model.slug,
         prompt_tokens=num_prompt_tokens, end_user=end_user, process_id=get_limit_store().lease())
 
 
