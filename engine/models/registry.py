@@ -16,7 +16,11 @@ FAMILIES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma3": ("gemma3", "Gemma3ForCausalLM"),
+    "bert": ("bert", "BertModel"),
 }
+# Encoder families: embedding models, served by the pooling path (engine/embedding_engine.py,
+# no KV cache) and configured by engine/models/encoder_config.py, never by LLMEngine.
+ENCODER_FAMILIES = frozenset({"bert"})
 # HF `architectures[0]` / `model_type` -> our model family.
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "llama": "llama",
@@ -25,6 +29,7 @@ HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3", "qwen3": "qwen3",
     "Phi3ForCausalLM": "phi3", "phi3": "phi3",
     "Gemma3ForCausalLM": "gemma3", "gemma3_text": "gemma3",
+    "BertModel": "bert", "BertForMaskedLM": "bert", "BertForPreTraining": "bert", "bert": "bert",
 }
 # GGUF `general.architecture` -> our model family, for those whose GGUF tensors we map
 # (engine/models/gguf_names.py). llama.cpp has no "mistral" GGUF architecture: it writes
