@@ -6,6 +6,7 @@ With --convert-dtype the checkpoint's safetensors shards are first rewritten in 
 (engine/cli/convert.py), so the checks and the recorded size are those of the converted files.
 Each line is ``{"step": "...", "progress": 0..1}``; the last is either
 ``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>"}``
+(an embedding model's adds ``"embedding"``: engine/cli/validate_embedding.py)
 or ``{"ok": false, "error": "..."}``. The exit status is 0 exactly when the checkpoint is ok.
 The web process runs this as a child so that it never imports torch itself.
 """
@@ -94,11 +95,14 @@ def validate(model_path: str | Path, report: Report) -> dict:
     """The checks in order; raises EngineError (or ValueError/KeyError from the loaders) on failure."""
     from engine.llm import LLM
     from engine.models.loader import load_model_config
-    from engine.models.registry import resolve_model_path
+    from engine.models.registry import is_encoder_checkpoint, resolve_model_path
     from engine.sampling_params import SamplingParams
     from engine.text.tokenizer import load_tokenizer
 
     path = resolve_model_path(str(model_path))
+    if is_encoder_checkpoint(path):
+        from engine.cli.validate_embedding import validate_embedding
+        return validate_embedding(path, report)
     report("reading config", 0.0)
     config = load_model_config(path)  # also refuses unsupported architectures
     report("loading tokenizer", 0.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from engine.bundled import BUNDLED_MODELS, bundled_model_path
@@ -46,6 +47,21 @@ def supported_architecture(name: str | None, *, where: str, gguf: bool = False) 
         return table[name]
     known = ", ".join(sorted(table))
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
+
+
+def is_encoder_checkpoint(path: str | Path) -> bool:
+    """True for a Hugging Face directory whose config.json names an encoder family (an embedding
+    model, served by engine/embedding_engine.py); reads config.json only."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    names = config.get("architectures") or [config.get("model_type")]
+    name = names[0] if isinstance(names, list) and names else None
+    return isinstance(name, str) and HF_ARCHITECTURES.get(name) in ENCODER_FAMILIES
 
 
 def model_class(family: str):

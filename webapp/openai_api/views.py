@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
 from webapp.openai_api.body import JsonBodyParser
+from webapp.openai_api.embedding_views import EmbeddingCreateApi
 from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
@@ -151,4 +152,5 @@ def openapi_schema(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return errors.method_not_allowed(request.method, ["GET"]).response()
     return JsonResponse(openapi_document({"/v1/chat/completions": ChatCompletionCreateApi.InputSerializer,
-                                          "/v1/completions": CompletionCreateApi.InputSerializer}))
+                                          "/v1/completions": CompletionCreateApi.InputSerializer,
+                                          "/v1/embeddings": EmbeddingCreateApi.InputSerializer}))

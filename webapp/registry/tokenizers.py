@@ -56,12 +56,17 @@ class ModelTokenizer:
                                if config.get(key) is not None}
         self.eos_token_ids: list[int] = list(config.get("eos_token_ids") or [])
         self.max_model_len: int | None = config.get("max_model_len")
+        # An embedding model's EncoderConfig.describe() (dimensions, pooling, ...); None: generation.
+        self.embedding: dict | None = config.get("embedding")
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ModelTokenizer:
         directory = Path(directory)
         config = json.loads((directory / "tokenizer_config.json").read_text())
-        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), config)
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tokenizer.no_truncation()  # a too long input is refused by name, never cut short
+        tokenizer.no_padding()
+        return cls(tokenizer, config)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A plain prompt's ids, special tokens added as the engine adds them to a text prompt."""
