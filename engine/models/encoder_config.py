@@ -15,13 +15,15 @@ from pathlib import Path
 from engine.errors import ModelLoadError
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "max")
-# 1_Pooling/config.json key -> our pooling mode.
+# Legacy 1_Pooling/config.json keys (sentence-transformers < 6) -> pooling mode; 6.x writes
+# "pooling_mode": "<mode>" instead. Both are read.
 _POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                 "pooling_mode_lasttoken": "lasttoken", "pooling_mode_max_tokens": "max"}
-_UNSUPPORTED_POOLING = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
-ST = "sentence_transformers.models."
-_KNOWN_MODULES = {ST + "Transformer": "transformer", ST + "Pooling": "pooling",
-                  ST + "Normalize": "normalize"}
+                 "pooling_mode_lasttoken": "lasttoken", "pooling_mode_max_tokens": "max",
+                 "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                 "pooling_mode_weightedmean_tokens": "weightedmean"}
+# modules.json types: "sentence_transformers.models.Pooling" (< 6) or
+# "sentence_transformers.sentence_transformer.modules.pooling.Pooling" (6.x): the class name decides.
+_KNOWN_MODULES = {"Transformer": "transformer", "Pooling": "pooling", "Normalize": "normalize"}
 # Checkpoint tensors no embedding needs: BERT's pooler (sentence-transformers never uses it),
 # task heads, and buffers the model recomputes.
 _SKIPPED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.")
@@ -94,11 +96,13 @@ def sentence_transformer_modules(directory: Path) -> dict[str, Path]:
         raise ModelLoadError(f"{str(modules_file)!r} is not a list of modules")
     found: dict[str, Path] = {}
     for module in modules:
-        kind = _KNOWN_MODULES.get(module.get("type") if isinstance(module, dict) else None)
+        type_name = module.get("type") if isinstance(module, dict) else None
+        kind = None
+        if isinstance(type_name, str) and type_name.startswith("sentence_transformers."):
+            kind = _KNOWN_MODULES.get(type_name.rpartition(".")[2])
         if kind is None:
-            known = ", ".join(t.removeprefix(ST) for t in _KNOWN_MODULES)
-            raise ModelLoadError(f"{str(modules_file)!r}: module {module.get('type')!r} is not "
-                                 f"supported (supported: {known})")
+            raise ModelLoadError(f"{str(modules_file)!r}: module {type_name!r} is not supported "
+                                 f"(supported: sentence-transformers' {', '.join(_KNOWN_MODULES)})")
         found[kind] = directory / str(module.get("path") or "")
     return found
 
@@ -107,15 +111,28 @@ def pooling_mode(pooling_dir: Path) -> str:
     """The one pooling mode a Pooling module's config.json turns on."""
     config_file = pooling_dir / "config.json"
     config = _read_json(config_file)
-    for key in _UNSUPPORTED_POOLING:
-        if config.get(key):
-            raise ModelLoadError(f"{str(config_file)!r}: {key} is not supported (supported: "
-                                 f"{', '.join(POOLING_MODES)})")
-    modes = [mode for key, mode in _POOLING_KEYS.items() if config.get(key)]
+    modes = config.get("pooling_mode", [mode for key, mode in _POOLING_KEYS.items() if config.get(key)])
+    modes = [modes] if isinstance(modes, str) else modes
+    for mode in modes:
+        if mode not in POOLING_MODES:
+            raise ModelLoadError(f"{str(config_file)!r}: pooling mode {mode!r} is not supported "
+                                 f"(supported: {', '.join(POOLING_MODES)})")
     if len(modes) != 1:
         raise ModelLoadError(f"{str(config_file)!r} turns on {len(modes)} pooling modes "
                              f"({', '.join(modes) or 'none'}); exactly one is supported")
     return modes[0]
+
+
+def _max_seq_length(directory: Path, max_positions: int) -> int:
+    """The longest input sentence-transformers encodes: sentence_bert_config.json's max_seq_length
+    (< 6), else the tokenizer's model_max_length (6.x), within the position table."""
+    for file, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        path = directory / file
+        value = _read_json(path).get(key) if path.is_file() else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, max_positions)
+    return max_positions
 
 
 def load_encoder_config(directory: Path, architecture: str) -> EncoderConfig:
@@ -126,8 +143,7 @@ def load_encoder_config(directory: Path, architecture: str) -> EncoderConfig:
     modules = sentence_transformer_modules(directory)
     pooling = pooling_mode(modules["pooling"]) if "pooling" in modules else "cls"
     max_positions = config.get("max_position_embeddings", 512)
-    st_config_file = directory / "sentence_bert_config.json"
-    st_config = _read_json(st_config_file) if st_config_file.is_file() else {}
+    max_seq_length = _max_seq_length(directory, max_positions)
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ModelLoadError(f"{str(config_file)!r}: position_embedding_type "
                              f"{config['position_embedding_type']!r} is not supported (only 'absolute')")
@@ -145,7 +161,7 @@ def load_encoder_config(directory: Path, architecture: str) -> EncoderConfig:
             layer_norm_eps=config.get("layer_norm_eps", 1e-12), hidden_act=activation,
             pad_token_id=config.get("pad_token_id") or 0, pooling=pooling,
             normalize="normalize" in modules,
-            max_seq_length=min(st_config.get("max_seq_length") or max_positions, max_positions),
+            max_seq_length=max_seq_length,
             torch_dtype=config.get("dtype") or config.get("torch_dtype"))
     except KeyError as exc:
         raise ModelLoadError(f"{str(config_file)!r} lacks {exc.args[0]!r}") from exc
