@@ -52,9 +52,10 @@ class EmbeddingInputField(serializers.Field):
             self.fail("empty")
         if len(data) > MAX_INPUTS:
             self.fail("too_many")
+        is_text = isinstance(data[0], str)  # one kind throughout, as OpenAI's schema has it
         for index, item in enumerate(data):
-            if not (isinstance(item, str) or (isinstance(item, list)
-                                              and all(TOKEN_ID_LIMIT.allows(t) for t in item))):
+            if not (isinstance(item, str) if is_text else (
+                    isinstance(item, list) and all(TOKEN_ID_LIMIT.allows(t) for t in item))):
                 self.fail("invalid")
             if not item:
                 self.fail("empty_item", index=index)
