@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.e2e.sites import TINY_SETTINGS, make_site
-from tests.engine.embedding_sentences import doc_sentences
+from bench.sentences import doc_sentences
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ engine picks by default (bfloat16 GEMMs on a CPU with native bf16, float32 elsew
 import pytest
 import torch
 
-from tests.engine.embedding_sentences import doc_sentences
+from bench.sentences import doc_sentences
 
 pytestmark = pytest.mark.slow  # loads a real model twice and sentence-transformers
 

@@ -1,12 +1,13 @@
-"""A few hundred real English sentences for the embedding parity tests and bench/embeddings.py:
-the sentences of this repository's own documentation (README.md, docs/*.md), in file order."""
+"""A few hundred real English sentences for the embedding parity tests (tests/engine/
+test_minilm_parity.py, tests/e2e/test_openai_embeddings.py) and bench/embeddings.py: the sentences
+of this repository's own documentation (README.md, docs/*.md), in file order."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def doc_sentences(count: int = 300, *, min_words: int = 4, max_words: int = 60) -> list[str]:
