@@ -2,8 +2,8 @@
 
 The same request / step / output loop as ``LLMEngine`` (so the worker loop serves both), without
 a KV cache: a request is one or more inputs (token id lists); each step packs waiting inputs, in
-arrival order, up to ``max_num_seqs`` inputs and ``max_num_batched_tokens`` padded tokens (the
-inputs times the longest, what attention holds), runs one forward and pools each input
+arrival order, up to ``max_num_seqs`` inputs and ``max_num_batched_tokens`` tokens, runs one
+forward and pools each input
 (engine/models/pooling.py). A request finishes in the step that embeds its last input; its
 ``RequestOutput.embeddings`` is then [num_inputs, dimensions] float32, in input order.
 """
@@ -190,16 +190,15 @@ class EmbeddingEngine:
 
     def _schedule(self) -> list[tuple[_Request, int]]:
         """Waiting inputs in arrival order while the step holds at most max_num_seqs of them and
-        their count times the longest stays within max_num_batched_tokens (always one)."""
+        max_num_batched_tokens tokens (always one input, which fits max_model_len)."""
         batch: list[tuple[_Request, int]] = []
-        longest = 0
+        num_tokens = 0
         while self._waiting and len(batch) < self.config.max_num_seqs:
             req, i = self._waiting[0]
-            length = max(longest, len(req.inputs[i]))
-            if batch and length * (len(batch) + 1) > self.config.max_num_batched_tokens:
+            if batch and num_tokens + len(req.inputs[i]) > self.config.max_num_batched_tokens:
                 break
             batch.append(self._waiting.popleft())
-            longest = length
+            num_tokens += len(req.inputs[i])
         return batch
 
     @torch.inference_mode()

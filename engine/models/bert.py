@@ -1,8 +1,8 @@
 """BERT-family encoders (BERT, MiniLM, ...) for embeddings: one forward over a packed batch, no KV cache.
 
 The step's sequences are packed back to back ([num_tokens, hidden], no padding) for every GEMM
-and norm; only attention sees them padded ([num_seqs, heads, max_len, head_dim], the padded keys
-masked), so a batch of mixed lengths does no projection work on padding. Q/K/V are fused into one
+and norm, and attention runs on each sequence's own rows, so a batch of mixed lengths does no
+work on padding. Q/K/V are fused into one
 matrix; ``packed_modules_mapping`` tells the loader (engine/models/loader.py) where each Hugging
 Face tensor goes. Parameter names follow transformers' ``BertModel`` (no ``bert.`` prefix:
 engine/models/encoder_config.py strips it, and skips the pooler and task heads).
@@ -29,35 +29,15 @@ def project(linear: Linear, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PackedBatch:
-    """Where each sequence of a step lies in the packed token dimension, and its padded view.
-
-    ``gather``: [num_seqs * max_len] packed row of each padded slot (a pad slot repeats its
-    sequence's first token, masked out as a key); ``scatter``: [num_tokens] padded slot of each
-    packed row; ``key_mask``: [num_seqs, 1, 1, max_len], True where a key is a real token. All
-    None when every sequence has the same length (the packed tensor is the padded one then).
-    """
+    """The step's sequences back to back in the token dimension: each one's length, and every
+    token's position within its sequence."""
 
     lengths: list[int]
-    max_len: int
     positions: torch.Tensor  # [num_tokens]
-    gather: torch.Tensor | None = None
-    scatter: torch.Tensor | None = None
-    key_mask: torch.Tensor | None = None
 
     @classmethod
     def build(cls, lengths: list[int], device: torch.device) -> PackedBatch:
-        max_len = max(lengths)
-        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        if all(n == max_len for n in lengths):
-            return cls(lengths, max_len, positions)
-        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)  # [num_seqs]
-        lens = torch.tensor(lengths)
-        slot = torch.arange(max_len)
-        valid = slot[None, :] < lens[:, None]  # [num_seqs, max_len]
-        gather = torch.where(valid, starts[:, None] + slot[None, :], starts[:, None]).flatten()
-        scatter = (torch.arange(len(lengths))[:, None] * max_len + slot[None, :])[valid]
-        return cls(lengths, max_len, positions, gather.to(device), scatter.to(device),
-                   valid[:, None, None, :].to(device))
+        return cls(lengths, torch.cat([torch.arange(n) for n in lengths]).to(device))
 
 
 class BertSelfAttention(nn.Module):
@@ -70,14 +50,16 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         qkv = project(self.qkv_proj, x)  # [T, 3 * H * D]
-        b, n, h, d = len(batch.lengths), batch.max_len, self.num_heads, self.head_dim
-        padded = qkv if batch.gather is None else qkv.index_select(0, batch.gather)
-        q, k, v = padded.view(b, n, 3, h, d).permute(2, 0, 3, 1, 4)  # [B, heads, max_len, D] each
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.key_mask)
-        o = o.transpose(1, 2).reshape(b * n, h * d)  # [B * max_len, H * D]
-        if batch.scatter is not None:
-            o = o.index_select(0, batch.scatter)  # [T, H * D]
-        return self.output(o, x)
+        h, d = self.num_heads, self.head_dim
+        # One attention call per sequence, on its own rows: no padding, no mask. Against one
+        # padded call with a key mask: 28-41 ms vs 115-123 ms for 32 sentences of 10-142 tokens
+        # (MiniLM's heads, 1 thread), the padded call paying for the longest sentence 32 times.
+        outs = []
+        for part in qkv.split(batch.lengths):  # [L, 3 * H * D]
+            q, k, v = part.view(1, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # [1, H, L, D] each
+            o = F.scaled_dot_product_attention(q, k, v)
+            outs.append(o[0].transpose(0, 1).reshape(-1, h * d))
+        return self.output(torch.cat(outs) if len(outs) > 1 else outs[0], x)
 
 
 class BertOutput(nn.Module):

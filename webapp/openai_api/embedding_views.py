@@ -16,10 +16,9 @@ user                 a string of at most 256 characters     UsageRecord.end_user
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
-from django.views import View
 from rest_framework import serializers
 
-from webapp.openai_api import errors
+from webapp.openai_api.completion_base import CompletionApiBase
 from webapp.openai_api.embeddings import embedding_respond
 from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.serializers import (MAX_MODEL_LENGTH, MAX_USER_LENGTH, TOKEN_ID_LIMIT,
@@ -72,11 +71,11 @@ class EmbeddingInputField(serializers.Field):
                           {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": ids}]}
 
 
-class EmbeddingCreateApi(View):
-    """POST v1/embeddings. An async view, as the completions are (views.CompletionApiBase): the key
-    check, admission, limits and the usage record of a refusal are theirs (lifecycle.py)."""
+class EmbeddingCreateApi(CompletionApiBase):
+    """POST v1/embeddings. An async view like the completions: the key check, admission, limits and
+    the usage record of a refusal are theirs (lifecycle.py); embeddings.py runs it."""
 
-    http_method_names = ["post"]
+    endpoint = EMBEDDINGS
 
     class InputSerializer(serializers.Serializer):
         default_error_messages = {"invalid": "The request body must be a JSON object."}
@@ -88,13 +87,5 @@ class EmbeddingCreateApi(View):
         user = StrictCharField(max_length=MAX_USER_LENGTH, required=False, allow_blank=True)
 
     async def post(self, request: HttpRequest) -> HttpResponse:
-        return await completion_create(request=request, endpoint=EMBEDDINGS, validate=self.validate,
+        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate,
                                        respond=embedding_respond)
-
-    def validate(self, body) -> dict:
-        serializer = self.InputSerializer(data=body)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
-
-    async def http_method_not_allowed(self, request, *args, **kwargs):
-        return errors.method_not_allowed(request.method, ["POST"]).response()
