@@ -102,7 +102,11 @@ def validate(model_path: str | Path, report: Report) -> dict:
     path = resolve_model_path(str(model_path))
     if is_encoder_checkpoint(path):
         from engine.cli.validate_embedding import validate_embedding
-        return validate_embedding(path, report)
+        fields = validate_embedding(path, report)
+        report("computing checksum", 0.9)
+        digest, size = checksum(path)
+        report("done", 1.0)
+        return {"ok": True, **fields, "size_bytes": size, "checksum": digest}
     report("reading config", 0.0)
     config = load_model_config(path)  # also refuses unsupported architectures
     report("loading tokenizer", 0.05)

@@ -19,8 +19,8 @@ SAMPLE_INPUTS = ("Pagoda validates this embedding model.", "A second, longer sen
 
 def validate_embedding(path: Path, report: Report) -> dict:
     """Config, tokenizer, every tensor into the model, then a forward of two inputs whose vectors
-    must have the stated dimensions, be finite, and have unit norm when the model normalises."""
-    from engine.cli.validate import checksum
+    must have the stated dimensions, be finite, and have unit norm when the model normalises;
+    the report's fields besides the size and checksum (validate.py adds those)."""
     from engine.config import EngineConfig
     from engine.embedding_engine import EmbeddingEngine, encoder_family
     from engine.models.encoder_config import encoder_weights, load_encoder_config
@@ -40,8 +40,5 @@ def validate_embedding(path: Path, report: Report) -> dict:
     norms = vectors.norm(dim=-1).tolist()
     if config.normalize and any(not math.isclose(n, 1.0, rel_tol=1e-3) for n in norms):
         raise EngineError(f"the Normalize module should give unit vectors; norms {norms}")
-    report("computing checksum", 0.9)
-    digest, size = checksum(path)
-    report("done", 1.0)
-    return {"ok": True, "parameters": num_parameters, "context_length": config.max_seq_length,
-            "size_bytes": size, "checksum": digest, "embedding": config.describe()}
+    return {"parameters": num_parameters, "context_length": config.max_seq_length,
+            "embedding": config.describe()}
