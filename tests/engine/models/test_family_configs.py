@@ -41,7 +41,7 @@ def test_every_registered_name_has_a_model_class():
     families = set(HF_ARCHITECTURES.values()) | set(GGUF_ARCHITECTURES.values())
     assert families == set(FAMILIES)
     assert {model_class(f).__name__ for f in FAMILIES} == {
-        "LlamaForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM"}
+        "LlamaForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM", "BertModel"}
 
 
 def test_gemma3_v4_config_keys_give_windows_rope_bases_and_scales(tmp_path):
