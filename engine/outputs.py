@@ -64,6 +64,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None  # set (REQUEST_FAILED) only with finish_reason FinishReason.ERROR
     index: int = 0  # which of the request's samples (n > 1)
+    # An embedding request (engine/embedding_engine.py), finished: [num_inputs, dimensions] float32.
+    embeddings: "torch.Tensor | None" = None  # noqa: F821 (this module imports no torch)
 
 
 @dataclass

@@ -5,6 +5,7 @@ transport.py        the transport interfaces: EngineClient (web side), WorkerTra
 redis_transport.py / memory_transport.py   their implementations: Redis streams, in-process broker
 connect.py          get_engine_client(redis_url) / worker_transport(...): picks one from the caller's URL
 engine_worker.py    EngineWorker, the engine loop serving one version over a WorkerTransport
+embedding_worker.py EmbeddingWorker, the same loop over an embedding model (engine/embedding_engine.py)
 serving.py          ModelServer (a model's workers over their lifetime), follow_active_version
 embedded.py         embedded mode: a ModelServer per model inside the web process
 __main__.py         the worker process: python -m workers --model-path P --model M --redis-url U

@@ -45,7 +45,8 @@ from engine.tenancy import Tenant
 from workers.heartbeat import Heartbeat
 from workers.metrics import WorkerMetrics
 from workers.outage import Outage
-from workers.protocol import INTERNAL_ERROR, WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo
+from workers.protocol import (INTERNAL_ERROR, TASK_GENERATE, WORKER_LOST, Chunk, ErrorInfo,
+                              GenerateRequest, Reply, WorkerInfo)
 from workers.replies import InFlight
 from workers.requests import arrival_time, error_info, sampling_params
 from workers.transport import TransportUnreachable, WorkerTransport
@@ -125,7 +126,7 @@ class EngineWorker:
     def run(self) -> int:
         """Load, warm up, announce, serve until stopped; 0 on a clean stop, 1 if loading failed."""
         try:
-            self.engine = LLMEngine(self.config)
+            self.engine = self._load_engine()
             self._warm_up()
         except Exception:
             logger.exception("worker %s: could not load %s (%s)", self.worker_id, self.model,
@@ -149,7 +150,7 @@ class EngineWorker:
         finally:
             self.heartbeat.stop()
             for clean_up in (self._give_up_inflight, self.transport.unregister, self.transport.close,
-                             self.engine.runner.shutdown):  # tensor parallel: stop the other ranks
+                             self._shutdown_engine):  # tensor parallel: stop the other ranks
                 try:
                     clean_up()
                 except Exception:
@@ -157,6 +158,22 @@ class EngineWorker:
                                      clean_up.__name__)
         logger.info("worker %s stopped", self.worker_id)
         return 0
+
+    def _load_engine(self) -> LLMEngine:
+        return LLMEngine(self.config)
+
+    def _shutdown_engine(self) -> None:
+        self.engine.runner.shutdown()
+
+    def _add_to_engine(self, req: GenerateRequest) -> None:
+        if req.task != TASK_GENERATE:  # the web side checks first; a stale registry may not
+            raise InvalidParameterError("model", f"{self.model!r} is a generation model; it does "
+                                                 f"not serve embeddings")
+        self.engine.add_request(req.request_id, req.prompt_token_ids, sampling_params(req.params),
+                                priority=req.priority, arrival_time=arrival_time(req.created_at),
+                                n=req.n, tenant=Tenant(req.tenant, req.tenant_weight),
+                                shared_prefix_len=req.shared_prefix_len,
+                                adapter=LoRARequest(req.adapter, req.adapter_path) if req.adapter else None)
 
     def _warm_up(self) -> None:
         """One tiny request through prefill and decode, so the first user does not pay for it."""
@@ -301,12 +318,7 @@ class EngineWorker:
                 self._fail(req.reply_to, req.request_id, None)
                 continue
             try:
-                self.engine.add_request(req.request_id, req.prompt_token_ids,
-                                        sampling_params(req.params), priority=req.priority,
-                                        arrival_time=arrival_time(req.created_at), n=req.n,
-                                        tenant=Tenant(req.tenant, req.tenant_weight),
-                                        shared_prefix_len=req.shared_prefix_len,
-                                        adapter=LoRARequest(req.adapter, req.adapter_path) if req.adapter else None)
+                self._add_to_engine(req)
             except Exception as exc:
                 if not isinstance(exc, InvalidParameterError):  # a refusal is not our failure
                     logger.exception("request %s could not be added", req.request_id)

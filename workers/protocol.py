@@ -40,6 +40,12 @@ ERROR_CODES = (CONTEXT_LENGTH_EXCEEDED, INVALID_PARAMETER, NO_WORKER, WORKER_LOS
                SERVER_OVERLOADED, QUEUE_TIMEOUT, REQUEST_TIMEOUT, QUEUE_UNAVAILABLE)
 
 
+# GenerateRequest.task: generation, or embeddings from an embedding model (engine/embedding_engine.py).
+TASK_GENERATE = "generate"
+TASK_EMBED = "embed"
+TASKS = (TASK_GENERATE, TASK_EMBED)
+
+
 class ProtocolError(ValueError):
     """A message that does not have the shape this module defines."""
 
@@ -90,6 +96,10 @@ class GenerateRequest:
     # machine; "" runs the base model. The worker serving the base serves its adapters.
     adapter: str = ""
     adapter_path: str = ""
+    # TASK_EMBED: ``inputs`` are the token ids of each text to embed (prompt_token_ids empty,
+    # params {}); the final chunk carries their vectors in ``Chunk.embeddings``.
+    task: str = TASK_GENERATE
+    inputs: list[list[int]] | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,6 +107,13 @@ class GenerateRequest:
     @classmethod
     def from_dict(cls, data: dict) -> GenerateRequest:
         req = _from_dict(cls, data)
+        if req.task not in TASKS:
+            raise ProtocolError(f"GenerateRequest: task must be one of {', '.join(TASKS)}")
+        if req.task == TASK_EMBED and not (
+                isinstance(req.inputs, list) and req.inputs
+                and all(isinstance(ids, list) and all(_is_int(t) for t in ids) for ids in req.inputs)):
+            raise ProtocolError("GenerateRequest: an embed request's inputs must be a non-empty list "
+                                "of token id lists")
         if not isinstance(req.request_id, str) or not req.request_id:
             raise ProtocolError("GenerateRequest: request_id must be a non-empty string")
         if not isinstance(req.reply_to, str):
@@ -149,6 +166,9 @@ class Chunk:
     # admitted the request for the new version while the old one still answers it.
     version: str | None = None
     samples: list[dict] | None = None  # n > 1 only, see above
+    # An embed request's final chunk: each input's vector, in input order, as base64 of its
+    # float32 little-endian bytes (OpenAI's encoding_format "base64"; workers/replies.py).
+    embeddings: list[str] | None = None
 
     @classmethod
     def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:

@@ -9,10 +9,18 @@ deltas of every sample that moved in one chunk (Chunk.samples), each under its i
 
 from __future__ import annotations
 
+import base64
+
 from workers.protocol import Chunk, GenerateRequest
 
 FLUSH_INTERVAL_S = 0.02
 FLUSH_TOKENS = 16
+
+
+def embeddings_to_base64(vectors) -> list[str]:
+    """[num_inputs, dimensions] float32 tensor -> each row as base64 of its little-endian bytes."""
+    rows = vectors.float().contiguous().numpy().astype("<f4")
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
 
 
 def logprob_to_dict(lp) -> dict:
@@ -36,6 +44,7 @@ class InFlight:
         # n > 1: index -> that sample's pending delta, and each sample's output token count.
         self._samples: dict[int, dict] | None = {} if req.n > 1 else None
         self._sample_tokens: dict[int, int] = {}
+        self._embeddings: list[str] | None = None  # an embed request's vectors, once computed
 
     @property
     def finished(self) -> bool:
@@ -56,6 +65,8 @@ class InFlight:
         """Accumulate one step's engine.outputs.RequestOutput."""
         self._latest = out
         self._dirty = True
+        if out.embeddings is not None:
+            self._embeddings = embeddings_to_base64(out.embeddings)
         if self._samples is not None:
             self._add_sample(out)
             return
@@ -90,7 +101,8 @@ class InFlight:
             request_id=self.request_id, text="".join(self._text), token_ids=self._token_ids,
             logprobs=self._logprobs, finished=out.finished, finish_reason=out.finish_reason,
             num_prompt_tokens=out.num_prompt_tokens, num_output_tokens=out.num_output_tokens,
-            num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft)
+            num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft,
+            embeddings=self._embeddings)
         if self._samples is not None:
             chunk.token_ids = []
             chunk.num_output_tokens = self.num_output_tokens

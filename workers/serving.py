@@ -24,6 +24,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidParameterError
 from workers.config_file import PagodaConfig, load_config
 from workers.connect import worker_transport
+from workers.embedding_worker import worker_class
 from workers.engine_worker import EngineWorker
 from workers.transport import TransportUnreachable
 
@@ -94,9 +95,9 @@ class ModelServer:
                 raise
             logger.info("%s version %s: engine settings %s", self.model, spec.version,
                         self._config.describe(spec.engine_settings))
-            worker = EngineWorker(self.model, spec.version, spec.path, settings,
-                                  worker_transport(self.redis_url, self.model),
-                                  drain_timeout=self.drain_timeout)
+            worker = worker_class(spec.path)(self.model, spec.version, spec.path, settings,
+                                             worker_transport(self.redis_url, self.model),
+                                             drain_timeout=self.drain_timeout)
             entry = _Running(spec, worker)
             entry.thread = threading.Thread(target=self._run, args=(entry,), daemon=True,
                                             name=f"pagoda-engine-{self.model}-{spec.version}")

@@ -5,7 +5,7 @@
 OUT_DIR receives ``tokenizer.json`` (load it with the ``tokenizers`` library) and
 ``tokenizer_config.json`` with at least ``chat_template``, ``bos_token``,
 ``eos_token``, ``eos_token_ids`` (every id that ends generation) and
-``max_model_len``. MODEL is a Hugging Face directory, a .gguf file or "smollm2".
+``max_model_len``; an embedding model's also ``embedding`` (EncoderConfig.describe()). MODEL is a Hugging Face directory, a .gguf file or "smollm2".
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine.models.loader import load_model_config
-from engine.models.registry import resolve_model_path
+from engine.models.registry import is_encoder_checkpoint, resolve_model_path
 from engine.text.tokenizer import load_tokenizer
 
 
@@ -24,8 +24,19 @@ def export_tokenizer(model: str, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(path)
-    config = load_model_config(path)
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    if is_encoder_checkpoint(path):  # an embedding model: no chat template, no generation
+        from engine.embedding_engine import encoder_family
+        from engine.models.encoder_config import load_encoder_config
+
+        encoder = load_encoder_config(path, encoder_family(path))
+        meta = {"chat_template": None, "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                "pad_token": tokenizer.pad_token, "eos_token_ids": [], "add_bos_token": False,
+                "max_model_len": encoder.max_seq_length, "vocab_size": encoder.vocab_size,
+                "special_tokens": sorted(tokenizer.all_special_tokens), "embedding": encoder.describe()}
+        (out / "tokenizer_config.json").write_text(json.dumps(meta, indent=1))
+        return out
+    config = load_model_config(path)
     eos_ids = sorted(set(config.eos_token_ids) | ({tokenizer.eos_token_id} - {None}))
     meta = {
         "chat_template": tokenizer.chat_template,

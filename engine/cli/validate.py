@@ -7,6 +7,7 @@ With --convert-dtype the checkpoint's safetensors shards are first rewritten in 
 Each line is ``{"step": "...", "progress": 0..1}``; the last is either
 ``{"ok": true, "parameters": N, "context_length": L, "size_bytes": B, "checksum": "<sha256>",
 "chat_template": bool, "facts": {...}, "summary": "gemma3, context 32768, ..."}``
+(an embedding model's adds ``"embedding"``: engine/cli/validate_embedding.py)
 or ``{"ok": false, "error": "..."}``. The exit status is 0 exactly when the checkpoint is ok.
 The web process runs this as a child so that it never imports torch itself.
 """
@@ -78,11 +79,18 @@ def validate(model_path: str | Path, report: Report) -> dict:
     from engine.memory.estimate import estimate_memory
     from engine.memory.model_facts import model_facts
     from engine.models.loader import load_model_config
-    from engine.models.registry import resolve_model_path
+    from engine.models.registry import is_encoder_checkpoint, resolve_model_path
     from engine.sampling_params import SamplingParams
     from engine.text.tokenizer import load_tokenizer
 
     path = resolve_model_path(str(model_path))
+    if is_encoder_checkpoint(path):
+        from engine.cli.validate_embedding import validate_embedding
+        fields = validate_embedding(path, report)
+        report("computing checksum", 0.9)
+        digest, size = checksum(path)
+        report("done", 1.0)
+        return {"ok": True, **fields, "size_bytes": size, "checksum": digest}
     report("reading config", 0.0)
     facts = model_facts(str(path))  # the family, and a GGUF's bytes and shapes against its metadata
     config = load_model_config(path)  # also refuses unsupported architectures

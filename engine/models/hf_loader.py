@@ -13,7 +13,7 @@ from safetensors import safe_open
 from engine.errors import ModelLoadError
 from engine.layers.rope_scaling import ROPE_TYPES
 from engine.models.model_config import ModelConfig
-from engine.models.registry import supported_architecture
+from engine.models.registry import ENCODER_FAMILIES, supported_architecture
 from engine.quantization import checkpoints
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -180,6 +180,9 @@ def load_hf_config(directory: Path) -> ModelConfig:
     architecture_name = (config.get("architectures") or [config.get("model_type")])[0]
     architecture = supported_architecture(
         architecture_name, where=str(directory / "config.json"))
+    if architecture in ENCODER_FAMILIES:
+        raise ModelLoadError(f"{str(directory)!r} is an embedding model ({architecture}): it serves "
+                             f"embeddings (engine.embedding_engine.EmbeddingEngine), not generation")
     if config.get("mlp_bias"):
         raise ModelLoadError(f"{str(directory)!r}: mlp_bias=true is not supported")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from engine.bundled import BUNDLED_MODELS, bundled_model_path
@@ -17,7 +18,11 @@ FAMILIES = {
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma3": ("gemma3", "Gemma3ForCausalLM"),
+    "bert": ("bert", "BertModel"),
 }
+# Encoder families: embedding models, served by the pooling path (engine/embedding_engine.py,
+# no KV cache) and configured by engine/models/encoder_config.py, never by LLMEngine.
+ENCODER_FAMILIES = frozenset({"bert"})
 # HF `architectures[0]` / `model_type` -> our model family.
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "llama": "llama",
@@ -27,6 +32,7 @@ HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe", "qwen3_moe": "qwen3_moe",
     "Phi3ForCausalLM": "phi3", "phi3": "phi3",
     "Gemma3ForCausalLM": "gemma3", "gemma3_text": "gemma3",
+    "BertModel": "bert", "BertForMaskedLM": "bert", "BertForPreTraining": "bert", "bert": "bert",
 }
 # GGUF `general.architecture` -> our model family, for those whose GGUF tensors we map
 # (engine/models/gguf_names.py). llama.cpp has no "mistral" GGUF architecture: it writes
@@ -43,6 +49,21 @@ def supported_architecture(name: str | None, *, where: str, gguf: bool = False) 
         return table[name]
     known = ", ".join(sorted(table))
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
+
+
+def is_encoder_checkpoint(path: str | Path) -> bool:
+    """True for a Hugging Face directory whose config.json names an encoder family (an embedding
+    model, served by engine/embedding_engine.py); reads config.json only."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    names = config.get("architectures") or [config.get("model_type")]
+    name = names[0] if isinstance(names, list) and names else None
+    return isinstance(name, str) and HF_ARCHITECTURES.get(name) in ENCODER_FAMILIES
 
 
 def model_class(family: str):

@@ -26,7 +26,7 @@ from webapp.openai_api.errors import SHED_MESSAGES
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the app runs on its own event loop thread
 
-# Per operation (four of them) and per hostile endpoint: about 30 s in all; FUZZ_EXAMPLES=2000 hunts longer.
+# Per operation (five of them) and per hostile endpoint: about 30 s in all; FUZZ_EXAMPLES=2000 hunts longer.
 MAX_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(HealthCheck))
@@ -105,7 +105,8 @@ values = st.recursive(st.one_of(st.none(), st.booleans(), numbers, texts),
                       max_leaves=8)
 FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
           "presence_penalty", "frequency_penalty", "repetition_penalty", "user", "stream", "stream_options",
-          "logprobs", "top_logprobs", "priority", "ignore_eos", "response_format", "tools"]
+          "logprobs", "top_logprobs", "priority", "ignore_eos", "response_format", "tools", "input",
+          "encoding_format", "dimensions"]
 messages = st.one_of(
     st.just([{"role": "user", "content": "hi"}]), values,
     st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]) | texts},
@@ -127,7 +128,7 @@ def post(raw_key: str, path: str, body: str) -> httpx.Response:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
 @HOSTILE_SETTINGS
 @given(body=st.one_of(bodies.map(lambda b: json.dumps(b, allow_nan=True)), deep, texts))
 def test_hostile_json_never_gets_a_5xx_or_a_non_openai_error(raw_key, path, body):
@@ -143,3 +144,13 @@ def test_the_published_schema_states_the_engines_ranges():
     assert (fields["seed"]["minimum"], fields["seed"]["maximum"]) == (-2**63, 2**64 - 1)
     assert fields["top_k"]["maximum"] == 2**31 - 1 and fields["temperature"]["maximum"] == 2
     assert fields["messages"]["maxItems"] == 2048 and fields["top_p"]["exclusiveMinimum"] == 0
+
+
+def test_the_published_schema_has_the_embeddings_operation():
+    operation = published_schema()["paths"]["/v1/embeddings"]["post"]
+    fields = operation["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+    assert operation["operationId"] == "createEmbedding"
+    assert set(fields) == {"model", "input", "encoding_format", "dimensions", "user"}
+    assert fields["encoding_format"]["enum"] == ["float", "base64"]
+    assert [alt.get("maxItems") for alt in fields["input"]["anyOf"]] == [None, 2048, None, 2048]

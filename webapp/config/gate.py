@@ -8,7 +8,8 @@ one core (the GIL): middleware, the key's database read, the body, a usage recor
 streams waited behind them. Here a refusal is a counter compared, a request id drawn and a body
 written once at start sent: tens of microseconds.
 
-What counts: a POST to a generation endpoint (``/v1/chat/completions``, ``/v1/completions``),
+What counts: a POST to a generation endpoint (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``),
 from the moment the server hands it over until the application returns: its response's last
 message handed back (a stream: its end), the client gone (Django cancels the view), or a failure.
 Everything else passes uncounted: the other ``/v1`` paths, ``/healthz``, ``/metrics``, the console
@@ -213,9 +214,10 @@ def gate_generations(app) -> InFlightGate:
     from django.urls import reverse
 
     from webapp.monitoring.metrics import observe_api_shed, watch_api_gate
-    from webapp.openai_api.services import CHAT, COMPLETIONS, new_request_id
+    from webapp.openai_api.services import CHAT, COMPLETIONS, EMBEDDINGS, new_request_id
 
-    paths = {reverse("chat-completion-create"): CHAT, reverse("completion-create"): COMPLETIONS}
+    paths = {reverse("chat-completion-create"): CHAT, reverse("completion-create"): COMPLETIONS,
+             reverse("embedding-create"): EMBEDDINGS}
     gate = InFlightGate(app, paths=paths, max_in_flight=settings.PAGODA_MAX_REQUESTS_IN_FLIGHT,
                         read_capacity=serving_capacity, new_request_id=new_request_id, on_refused=observe_api_shed)
     watch_api_gate(lambda: gate.in_flight, lambda: gate.last_capacity)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -42,9 +42,11 @@ class _Call:
     body: object = None  # the JSON body, once parsed
 
 
-async def completion_create(*, request: HttpRequest, endpoint: str, validate: Callable[[object], dict]) -> HttpResponse:
+async def completion_create(*, request: HttpRequest, endpoint: str, validate: Callable[[object], dict],
+                            respond: Callable[..., Awaitable[HttpResponse]] = generation_respond) -> HttpResponse:
     """Answer a completion request: ``validate`` turns its admitted JSON body into the values of the
-    view's InputSerializer (ValidationError if it cannot); every refusal is an OpenAI error object."""
+    view's InputSerializer (ValidationError if it cannot), ``respond`` runs it (the embeddings view
+    passes its own); every refusal is an OpenAI error object."""
     started, request_id = time.monotonic(), new_request_id(endpoint)
     try:
         api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
@@ -54,8 +56,8 @@ async def completion_create(*, request: HttpRequest, endpoint: str, validate: Ca
     track(request_id, asyncio.current_task(), cut=lambda: _account(call, None))
     try:
         await _admit(call, request)
-        return await generation_respond(request_id=request_id, endpoint=endpoint, api_key=api_key,
-                                        values=validate(call.body), started=started)
+        return await respond(request_id=request_id, endpoint=endpoint, api_key=api_key,
+                             values=validate(call.body), started=started)
     except (errors.OpenAIError, ValidationError) as exc:
         error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
     except asyncio.CancelledError:  # the client went away (or the server is shutting down)

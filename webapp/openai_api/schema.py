@@ -36,7 +36,9 @@ def _limit(field: LimitField) -> dict:
 
 def field_schema(field: serializers.Field) -> dict:
     """JSON Schema of one InputSerializer field (nullable when the field allows null)."""
-    if isinstance(field, serializers.ListSerializer):
+    if hasattr(field, "openapi_schema"):  # a field that states its own (embedding_views.py)
+        schema = field.openapi_schema()
+    elif isinstance(field, serializers.ListSerializer):
         schema = {"type": "array", "items": field_schema(field.child)}
         if not field.allow_empty:
             schema["minItems"] = 1
@@ -110,7 +112,8 @@ def _operation(summary: str, operation_id: str, ok: dict, body: dict | None = No
 
 
 def openapi_document(completion_serializers: dict[str, type[serializers.Serializer]]) -> dict:
-    """The document; ``completion_serializers`` maps each POST path to its view's InputSerializer."""
+    """The document; ``completion_serializers`` maps each POST path (the completions, the
+    embeddings) to its view's InputSerializer."""
     obj = {"type": "object"}
     completion_ok = {"description": "The completion, or its stream of server-sent events when stream is true",
                      "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": {"type": "string"}}}}
@@ -121,9 +124,12 @@ def openapi_document(completion_serializers: dict[str, type[serializers.Serializ
             "One served model", "retrieveModel", {"description": "The model", "content": {"application/json": {"schema": obj}}},
             parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}])},
     }
+    embedding_ok = {"description": "One embedding per input",
+                    "content": {"application/json": {"schema": obj}}}
     for path, serializer in completion_serializers.items():
-        name = "createChatCompletion" if "chat" in path else "createCompletion"
-        paths[path] = {"post": _operation(name, name, completion_ok, body=object_schema(serializer()))}
+        name, ok = ("createEmbedding", embedding_ok) if path.endswith("/embeddings") else (
+            "createChatCompletion" if "chat" in path else "createCompletion", completion_ok)
+        paths[path] = {"post": _operation(name, name, ok, body=object_schema(serializer()))}
     return {"openapi": "3.1.0",
             "info": {"title": "Pagoda OpenAI-compatible API", "version": "1"},
             "paths": paths,

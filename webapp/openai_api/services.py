@@ -35,6 +35,7 @@ from workers.protocol import GenerateRequest
 
 CHAT = UsageRecord.Endpoint.CHAT_COMPLETIONS
 COMPLETIONS = UsageRecord.Endpoint.COMPLETIONS
+EMBEDDINGS = UsageRecord.Endpoint.EMBEDDINGS
 logger = logging.getLogger(__name__)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Request field -> SamplingParams keyword (same name unless mapped), passed on when not null.
@@ -44,7 +45,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 
 def new_request_id(endpoint: str) -> str:
-    return ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
+    return {CHAT: "chatcmpl-", EMBEDDINGS: "embd-"}.get(endpoint, "cmpl-") + uuid.uuid4().hex
 
 
 @dataclass
@@ -149,6 +150,9 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = endpoint == CHAT
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    if tokenizer.embedding is not None:
+        raise errors.invalid_parameter("model", f"the model {values['model']!r} is an embedding model and "
+                                                f"does not generate text; use /v1/embeddings")
     adapter = model_target_for_key(api_key=api_key, slug=values["model"])[1]  # a LoRA adapter, or None
     num_shared = 0
     if is_chat:

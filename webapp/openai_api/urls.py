@@ -4,7 +4,7 @@ answers an OpenAI error object (404), never the site's HTML page."""
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from webapp.openai_api import tokenize_views, views
+from webapp.openai_api import embedding_views, tokenize_views, views
 
 # API keys, not cookies, authenticate these endpoints, so CSRF protection does not apply.
 urlpatterns = [
@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/models/<str:model>", views.ModelRetrieveApi.as_view(), name="model-retrieve"),
     path("v1/chat/completions", csrf_exempt(views.ChatCompletionCreateApi.as_view()), name="chat-completion-create"),
     path("v1/completions", csrf_exempt(views.CompletionCreateApi.as_view()), name="completion-create"),
+    path("v1/embeddings", csrf_exempt(embedding_views.EmbeddingCreateApi.as_view()), name="embedding-create"),
     path("tokenize", tokenize_views.TokenizeApi.as_view(), name="tokenize"),  # vLLM's paths, outside v1/
     path("detokenize", tokenize_views.DetokenizeApi.as_view(), name="detokenize"),
     re_path(r"^v1(?:/|$)", views.unknown_url, name="v1-unknown"),

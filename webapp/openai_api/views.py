@@ -4,7 +4,6 @@ makes one service call (the models list and retrieve through DRF, the completion
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 from rest_framework.authentication import BaseAuthentication
@@ -16,7 +15,8 @@ from rest_framework.views import APIView
 from webapp.keys.selectors import apikey_allows_adapter, apikey_allows_model
 from webapp.openai_api import errors
 from webapp.openai_api.body import JsonBodyParser
-from webapp.openai_api.lifecycle import completion_create
+from webapp.openai_api.completion_base import CompletionApiBase
+from webapp.openai_api.embedding_views import EmbeddingCreateApi
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
                                           SamplingInputSerializer, check_tool_messages, limited)
@@ -87,32 +87,6 @@ class ModelRetrieveApi(OpenAIApiView):
         return Response(_model_object(version) if adapter is None else _adapter_object(adapter))
 
 
-class CompletionApiBase(View):
-    """Async Django views rather than DRF APIViews: DRF's views are synchronous, and a streamed
-    response under Daphne has to come from an async iterator on the event loop, both to avoid
-    holding a thread per open stream and to learn at once that the client went away (Django
-    cancels the view / closes the iterator, which aborts the generation in the engine).
-
-    The key check, admission and the usage record of a refusal come before and around the
-    InputSerializer (webapp/openai_api/lifecycle.py), so the service calls ``validate`` once the
-    request is admitted."""
-
-    endpoint: str
-    InputSerializer: type[SamplingInputSerializer]
-    http_method_names = ["post"]
-
-    async def post(self, request: HttpRequest) -> HttpResponse:
-        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate)
-
-    def validate(self, body) -> dict:
-        serializer = self.InputSerializer(data=body)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
-
-    async def http_method_not_allowed(self, request, *args, **kwargs):
-        return errors.method_not_allowed(request.method, ["POST"]).response()
-
-
 class ChatCompletionCreateApi(CompletionApiBase):
     """POST v1/chat/completions."""
 
@@ -161,4 +135,5 @@ def openapi_schema(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return errors.method_not_allowed(request.method, ["GET"]).response()
     return JsonResponse(openapi_document({"/v1/chat/completions": ChatCompletionCreateApi.InputSerializer,
-                                          "/v1/completions": CompletionCreateApi.InputSerializer}))
+                                          "/v1/completions": CompletionCreateApi.InputSerializer,
+                                          "/v1/embeddings": EmbeddingCreateApi.InputSerializer}))

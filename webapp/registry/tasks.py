@@ -79,7 +79,7 @@ def _finish(version: ModelVersion, final: dict) -> str:
             ModelVersion.Status.READY, "", 1.0, "validated")
         version.validation = {k: final[k] for k in ("parameters", "context_length", "size_bytes",
                                                      "checksum", "dtype", "chat_template", "facts",
-                                                     "summary", "memory") if k in final}
+                                                     "summary", "memory", "embedding") if k in final}
     else:
         version.status = ModelVersion.Status.FAILED
         version.error = str(final.get("error") or "validation failed")

@@ -58,12 +58,17 @@ class ModelTokenizer:
         self.eos_token_ids: list[int] = list(config.get("eos_token_ids") or [])
         self.max_model_len: int | None = config.get("max_model_len")
         self.chat_stop_token_ids: list[int] = []  # a staff-set template's turn end (chat_templates.py)
+        # An embedding model's EncoderConfig.describe() (dimensions, pooling, ...); None: generation.
+        self.embedding: dict | None = config.get("embedding")
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ModelTokenizer:
         directory = Path(directory)
         config = json.loads((directory / "tokenizer_config.json").read_text())
-        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), config)
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tokenizer.no_truncation()  # a too long input is refused by name, never cut short
+        tokenizer.no_padding()
+        return cls(tokenizer, config)
 
     def with_chat_template(self, template: str, stop_tokens: tuple[str, ...] = ()) -> ModelTokenizer:
         """This tokenizer rendering chats with ``template`` and stopping them at ``stop_tokens``

@@ -42,7 +42,7 @@ def test_every_registered_name_has_a_model_class():
     assert families == set(FAMILIES)
     assert {model_class(f).__name__ for f in FAMILIES} == {
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
-        "Gemma3ForCausalLM"}
+        "Gemma3ForCausalLM", "BertModel"}
 
 
 def test_gemma3_v4_config_keys_give_windows_rope_bases_and_scales(tmp_path):
