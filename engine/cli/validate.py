@@ -43,6 +43,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (h, i),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         })
+        if config.qk_norm:  # Qwen3, Gemma 3
+            shapes.update({p + "self_attn.q_norm.weight": (config.head_dim,),
+                           p + "self_attn.k_norm.weight": (config.head_dim,)})
+        if config.architecture == "gemma3":  # a norm before and after each sublayer
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,),
+                           p + "post_feedforward_layernorm.weight": (h,)})
         if config.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
@@ -103,10 +109,9 @@ def validate(model_path: str | Path, report: Report) -> dict:
     config = load_model_config(path)  # also refuses unsupported architectures
     report("loading tokenizer", 0.05)
     tokenizer = load_tokenizer(path)
-    if not tokenizer.chat_template:
-        raise EngineError("the tokenizer has no chat template")
-    tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                  add_generation_prompt=True)
+    if tokenizer.chat_template:  # a base model without one serves text completions
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                      add_generation_prompt=True)
     num_parameters = check_weights(path, config, lambda step, p: report(step, 0.1 + 0.6 * p))
     report("running a forward pass", 0.7)
     llm = LLM(str(path), num_kv_blocks=4, max_model_len=64, enable_prefix_caching=False)
@@ -119,7 +124,24 @@ def validate(model_path: str | Path, report: Report) -> dict:
     digest, size = checksum(path)
     report("done", 1.0)
     return {"ok": True, "parameters": num_parameters, "context_length": config.max_position_embeddings,
-            "size_bytes": size, "checksum": digest}
+            "size_bytes": size, "checksum": digest, "chat_template": bool(tokenizer.chat_template),
+            **describe(path, config)}
+
+
+def describe(path: Path, config: ModelConfig) -> dict:
+    """What the console shows of a validated checkpoint: its architecture, layers, attention
+    pattern and (GGUF) the block types of its weights, most common first."""
+    windows = [w for w in config.layer_sliding_windows if w]
+    attention = (f"{len(windows)} sliding-window ({max(windows)}) + "
+                 f"{config.num_hidden_layers - len(windows)} global layers" if windows else "full attention")
+    out = {"architecture": config.architecture, "layers": config.num_hidden_layers, "attention": attention}
+    if path.is_file() and path.suffix == ".gguf":
+        from collections import Counter
+
+        from gguf import GGUFReader
+        kinds = Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) == 2)
+        out["quantization"] = " ".join(f"{kind} x{n}" for kind, n in kinds.most_common())
+    return out
 
 
 def _emit(record: dict) -> None:

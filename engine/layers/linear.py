@@ -224,6 +224,18 @@ def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
     raise ValueError(f"unknown linear layout {layout!r}")
 
 
+def _int8_blocks_by_chunks(weight: torch.Tensor, chunk_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """qmatmul.quantize_int8_blocks ``chunk_rows`` rows at a time: its float32 temporaries are
+    five copies of what it rounds (Gemma 3's [262144, 640] vocabulary: 3.3 GiB at once)."""
+    n, k = weight.shape
+    q = torch.empty(n, k, dtype=torch.int8)
+    d = torch.empty(n, k // qmatmul.BLOCK, dtype=torch.float32)
+    for start in range(0, n, chunk_rows):
+        q[start:start + chunk_rows], d[start:start + chunk_rows] = qmatmul.quantize_int8_blocks(
+            weight[start:start + chunk_rows])
+    return q, d
+
+
 class LMHead(nn.Module):
     """Vocabulary projection hidden [S, H] -> float32 logits [S, V], tied to the embedding or not.
 
@@ -258,7 +270,7 @@ class LMHead(nn.Module):
         if weight.device.type != "cpu":
             return
         if int8_small_rows and weight.dtype in qmatmul.DTYPES and qmatmul.supports(*weight.shape):
-            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*qmatmul.quantize_int8_blocks(weight))
+            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*_int8_blocks_by_chunks(weight))
         elif int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
         elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():

@@ -78,7 +78,8 @@ def _finish(version: ModelVersion, final: dict) -> str:
         version.status, version.error, version.progress, version.step = (
             ModelVersion.Status.READY, "", 1.0, "validated")
         version.validation = {k: final[k] for k in ("parameters", "context_length", "size_bytes",
-                                                     "checksum", "dtype") if k in final}
+                                                     "checksum", "dtype", "chat_template", "architecture",
+                                                     "layers", "attention", "quantization") if k in final}
     else:
         version.status = ModelVersion.Status.FAILED
         version.error = str(final.get("error") or "validation failed")
