@@ -3,16 +3,19 @@
 Builds llama.cpp's ``llama-server`` from the ``llama-cpp-python`` sdist on PyPI into a cache
 folder once ($PAGODA_CACHE, default ~/.cache/pagoda; cmake, target llama-server; natively, or without
 ggml's AMX kernels on a CPU with AMX, where they faulted: NO_AMX_FLAGS), starts it with
-the bundled SmolLM2 GGUF (``-np 32 -c 16384 -t 2``), starts Pagoda's embedded server as
+the bundled SmolLM2 GGUF, or ``--model PATH.gguf`` (``-np 32 -c 16384 -t 2``), starts Pagoda's
+embedded server with the same file as
 ``make run`` does (Daphne with the engine worker in the web process, in a temporary folder with
 its own SQLite database and API key), both on 127.0.0.1 only. Then alternates bench/serve.py
-against each at 1 and at 32 concurrent streams (greedy, --max-tokens tokens, ignore_eos),
+against each at 1 and at 32 concurrent streams (greedy, --max-tokens tokens, ignore_eos; chat
+completions for the bundled model, text completions for ``--model``, which may be a base model
+without a chat template),
 ``--repeats`` times, and prints each figure's median (output tok/s, TTFT p50, inter-token p50,
 the server's resident memory) and the Pagoda/llama.cpp ratios, with the load average and the
 CPU's model and flags. The machine is shared and noisy: only ratios from one run mean anything.
 
-    .venv/bin/python bench/peers.py [--repeats 2] [--max-tokens 128] [--requests-1 4]
-        [--requests-32 32] [--streams 1,32]
+    .venv/bin/python bench/peers.py [--model PATH.gguf] [--repeats 2] [--max-tokens 128]
+        [--requests-1 4] [--requests-32 32] [--streams 1,32]
 """
 
 from __future__ import annotations
@@ -109,10 +112,12 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
-def run_client(url: str, key: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+def run_client(url: str, key: str, concurrency: int, requests: int, max_tokens: int,
+               model: str = "smollm2", endpoint: str = "chat") -> dict:
     result = subprocess.run([PY, "bench/serve.py", "--url", url, "--key", key, "--concurrency",
                              str(concurrency), "--requests", str(requests), "--max-tokens",
-                             str(max_tokens)], cwd=ROOT, capture_output=True, text=True)
+                             str(max_tokens), "--model", model, "--endpoint", endpoint],
+                            cwd=ROOT, capture_output=True, text=True)
     figures = {}
     if result.returncode != 0:  # reported, and the run's figures left out of the medians
         last = result.stderr.strip().splitlines()[-1:] or ["?"]
@@ -141,6 +146,9 @@ def _median(values: list[float]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a GGUF file both servers load (default: the bundled SmolLM2), served "
+                         "through /v1/completions")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests-1", type=int, default=4, help="requests of the single stream")
@@ -157,11 +165,14 @@ def main() -> int:
     if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
         ap.error("every count must be positive")
 
+    if args.model is not None and not args.model.is_file():
+        ap.error(f"--model {args.model}: no such file")
     from engine.bundled import bundled_model_path
-    gguf = bundled_model_path("smollm2")
+    gguf = args.model.resolve() if args.model else bundled_model_path("smollm2")
+    slug, endpoint = ("peer-model", "completions") if args.model else ("smollm2", "chat")
     binary = llama_server_binary()
-    root, env, key = prepare_workdir("pagoda-peers-")
-    print(f"{cpu_description()}\n{gguf.name}; {args.max_tokens} tokens per request; "
+    root, env, key = prepare_workdir("pagoda-peers-", (slug, gguf) if args.model else None)
+    print(f"{cpu_description()}\n{gguf.name} ({endpoint}); {args.max_tokens} tokens per request; "
           f"llama.cpp {binary.parent.parent.name}; workdir {root}", flush=True)
 
     with Services(root, env) as services:
@@ -186,7 +197,8 @@ def main() -> int:
                 requests = args.requests_1 if concurrency == 1 else args.requests_32
                 for name, (url, server_key, pid) in servers.items():
                     load = os.getloadavg()[0]
-                    figures = run_client(url, server_key, concurrency, requests, args.max_tokens)
+                    figures = run_client(url, server_key, concurrency, requests, args.max_tokens,
+                                         slug, endpoint)
                     figures["RSS MiB"] = rss_mib(pid)
                     results.setdefault((name, concurrency), []).append(figures)
                     print(f"[{repeat}/{args.repeats}] {name:<9} x{concurrency:<2} "

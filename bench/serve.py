@@ -2,10 +2,12 @@
 
 Each client sends the prompts of bench/prompts.json in turn to POST /v1/chat/completions with
 stream=true and stream_options.include_usage (so output tokens are the server's own count),
-greedy, EOS ignored so every request yields exactly --max-tokens tokens.
+greedy, EOS ignored so every request yields exactly --max-tokens tokens. ``--endpoint
+completions`` sends each prompt as plain text to /v1/completions instead (a base model without a
+chat template, Gemma 3 270M's GGUF).
 
     .venv/bin/python bench/serve.py --url http://127.0.0.1:8000 --key pgd-... \\
-        [--model smollm2] [--concurrency 8] [--requests 64] [--max-tokens 128]
+        [--model smollm2] [--concurrency 8] [--requests 64] [--max-tokens 128] [--endpoint chat]
 
 Time to first token runs from sending the request to the first content event. Inter-token
 latency of a request is (last content event - first content event) / (output tokens - 1): the
@@ -56,11 +58,13 @@ class Events:
     request_id: str = ""
 
 
-async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> Events:
-    """POST ``body`` to /v1/chat/completions (stream=true) and read its events to the end."""
+async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None,
+                      path: str = "/v1/chat/completions") -> Events:
+    """POST ``body`` to ``path`` (a chat or text completion, stream=true) and read its events to
+    the end."""
     read = Events()
     num_content_events = 0
-    async with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
+    async with http.stream("POST", f"{url}{path}", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
         async for line in response.aiter_lines():
@@ -72,7 +76,8 @@ async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: di
             read.request_id = event.get("id", read.request_id)
             if event.get("usage"):
                 read.output_tokens = event["usage"]["completion_tokens"]
-            if event["choices"] and event["choices"][0]["delta"].get("content"):
+            choice = event["choices"][0] if event["choices"] else {}
+            if choice.get("text") or choice.get("delta", {}).get("content"):
                 read.last = time.perf_counter()
                 read.first = read.first or read.last
                 num_content_events += 1
@@ -84,11 +89,14 @@ async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: di
 
 
 async def one_request(http: httpx.AsyncClient, args, prompt: str) -> Result:
-    body = {"model": args.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": args.model, "temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if getattr(args, "endpoint", "chat") == "completions":
+        body["prompt"], path = prompt, "/v1/completions"
+    else:
+        body["messages"], path = [{"role": "user", "content": prompt}], "/v1/chat/completions"
     start = time.perf_counter()
-    read = await read_events(http, args.url, body)
+    read = await read_events(http, args.url, body, path=path)
     end = time.perf_counter()
     tokens = read.output_tokens
     itl = (read.last - read.first) / (tokens - 1) if tokens > 1 else None
@@ -136,7 +144,7 @@ async def run(args) -> int:
         ("mean request latency (s)", f"{statistics.fmean(r.latency for r in results):.2f}"),
     ]
     width = max(len(name) for name, _ in rows)
-    print(f"Pagoda serving benchmark: {args.model} at {args.url}, max_tokens {args.max_tokens}")
+    print(f"Pagoda serving benchmark: {args.model} at {args.url} ({args.endpoint}), max_tokens {args.max_tokens}")
     for name, value in rows:
         print(f"  {name:<{width}}  {value:>10}")
     return 0
@@ -151,6 +159,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                    help="chat: /v1/chat/completions with the prompt as a user turn; completions: "
+                         "/v1/completions with the prompt as text (a model without a chat template)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
     args = ap.parse_args()
     args.url = args.url.rstrip("/")

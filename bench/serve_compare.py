@@ -93,15 +93,19 @@ def manage(env: dict, *args: str) -> str:
     return result.stdout
 
 
-def prepare_workdir(prefix: str) -> tuple[Path, dict, str]:
-    """A temporary folder with its own SQLite database, the bundled model registered and an API
-    key: (folder, environment for manage.py / Daphne, key)."""
+def prepare_workdir(prefix: str, model: tuple[str, Path] | None = None) -> tuple[Path, dict, str]:
+    """A temporary folder with its own SQLite database, the bundled model registered (or
+    ``model``, (slug, checkpoint path), registered and activated instead) and an API key:
+    (folder, environment for manage.py / Daphne, key)."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "webapp.config.settings.serve", "PAGODA_DATA_DIR": str(root),
            "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}", "LOG_LEVEL": "WARNING"}
     env.pop("REDIS_URL", None)
     manage(env, "migrate", "--noinput")
-    manage(env, "ensure_bundled_model")
+    if model is None:
+        manage(env, "ensure_bundled_model")
+    else:
+        manage(env, "register_model", model[0], str(model[1]))
     key = manage(env, "create_api_key", "--name", prefix.strip("-")).strip().splitlines()[-1]
     return root, env, key
 

@@ -183,17 +183,33 @@ class Int8Linear(_StagedLinear, Int8WeightOnlyLinear):
         self.in_features, self.out_features, self.dtype = like.in_features, like.out_features, dtype
         self._dense_rows = dense_rows
         self._stage(like, torch.int8)
-        self._scales = torch.empty(like.out_features, dtype=torch.float32, device=like.weight.device)
+        device = like.weight.device
+        self._scales = torch.empty(like.out_features, dtype=torch.float32, device=device)
+        # Shards stored in blocks of 32 (a GGUF's Q8_0/Q5_0...) stay so where the native int8
+        # kernel takes the layer; a layer with a shard of one scale a row goes per row entirely.
+        self._blocked = torch.zeros(like.out_features, dtype=torch.bool)
+        self._block_scales = (torch.empty(like.out_features, like.in_features // 32, device=device)
+                              if self.takes_blocks(like.out_features, like.in_features, device) else None)
 
     def _load_rows(self, start: int, size: int, loaded) -> None:
         if not isinstance(loaded, Int8Weight):
             loaded = Int8Weight(*quantize_int8(as_float(loaded)))
-        self.weight.data[start:start + size].copy_(loaded.q)
-        self._scales[start:start + size].copy_(loaded.scales)
+        if loaded.is_blocked and self._block_scales is None:
+            loaded = loaded.per_row()
+        rows = slice(start, start + size)
+        self.weight.data[rows].copy_(loaded.q)
+        (self._block_scales if loaded.is_blocked else self._scales)[rows].copy_(loaded.scales)
+        self._blocked[rows] = loaded.is_blocked
 
     def _pack(self) -> None:
         q, scales = self.weight.data, self._scales
-        del self.weight, self._scales
+        if bool(self._blocked.all()):
+            scales = self._block_scales
+        elif bool(self._blocked.any()):  # mixed shards: the blocked ones re-rounded per row
+            rows = self._blocked.nonzero().squeeze(1)
+            per_row = Int8Weight(q[rows], self._block_scales[rows]).per_row()
+            q[rows], scales[rows] = per_row.q, per_row.scales
+        del self.weight, self._scales, self._block_scales, self._blocked
         self.set_weight(q, scales, self.dtype, self._dense_rows)
 
 
@@ -206,6 +222,18 @@ def quantized_like(layer: Linear, layout: str, *, group_size: int = 32,
     if layout == "int8":
         return Int8Linear(layer, dtype, dense_rows)
     raise ValueError(f"unknown linear layout {layout!r}")
+
+
+def _int8_blocks_by_chunks(weight: torch.Tensor, chunk_rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """qmatmul.quantize_int8_blocks ``chunk_rows`` rows at a time: its float32 temporaries are
+    five copies of what it rounds (Gemma 3's [262144, 640] vocabulary: 3.3 GiB at once)."""
+    n, k = weight.shape
+    q = torch.empty(n, k, dtype=torch.int8)
+    d = torch.empty(n, k // qmatmul.BLOCK, dtype=torch.float32)
+    for start in range(0, n, chunk_rows):
+        q[start:start + chunk_rows], d[start:start + chunk_rows] = qmatmul.quantize_int8_blocks(
+            weight[start:start + chunk_rows])
+    return q, d
 
 
 class LMHead(nn.Module):
@@ -242,7 +270,7 @@ class LMHead(nn.Module):
         if weight.device.type != "cpu":
             return
         if int8_small_rows and weight.dtype in qmatmul.DTYPES and qmatmul.supports(*weight.shape):
-            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*qmatmul.quantize_int8_blocks(weight))
+            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*_int8_blocks_by_chunks(weight))
         elif int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
         elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():

@@ -1,5 +1,6 @@
 """GGUF files (llama.cpp): metadata -> ModelConfig, tensors -> HF layout: float32, or kept in
-their own precision (Q4_0/Q4_1 -> Int4Weight, Q8_0 -> Int8Weight) for the tensors the loader asks."""
+their own precision (Q4_0/Q4_1/Q4_K -> Int4Weight; Q8_0, Q5_0 -> Int8Weight in blocks of 32 as
+they are, other 5- and 6-bit types rounded into such blocks) for the tensors the loader asks."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
 from engine.models.gguf_names import NATIVE_LAYOUTS, hf_name
-from engine.quantization.gguf import int8_from_blocks, q4_k_to_int4, q4_to_int4
+from engine.quantization.gguf import int8_blocks, q4_k_to_int4, q4_to_int4
 from engine.quantization.int4 import Int4Weight
 from engine.quantization.int8 import Int8Weight
 
@@ -216,7 +217,7 @@ class GGUFWeights:
                 elif NATIVE_LAYOUTS[qtype][0] == "int4":
                     weight = Int4Weight(*q4_to_int4(tensor.data, shape, qtype), 32)
                 else:
-                    weight = Int8Weight(*int8_from_blocks(tensor.data, shape, qtype))
+                    weight = Int8Weight(*int8_blocks(tensor.data, shape, qtype))
                 yield name, weight.map_rows(lambda rows: self._unpermuted(name, rows))
                 continue
             array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)

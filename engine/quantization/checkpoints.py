@@ -6,7 +6,8 @@ Pagoda's layout (config.json ``quantization_config = {"quant_method": "pagoda", 
 ``model.layers.0.self_attn.q_proj``), beside the float tensors kept as they were:
 - bits 4: ``P.qweight`` uint8 [N, K / 2] (code of column 2j in the low nibble of byte j, 2j + 1 in
   the high), ``P.scales`` and ``P.zeros`` bf16 [N, K / G]; w = (q - 8) * s + z per group
-- bits 8: ``P.qweight`` int8 [N, K], ``P.scales`` float32 [N]; w = q * s per row
+- bits 8: ``P.qweight`` int8 [N, K], ``P.scales`` float32 [N]; w = q * s per row (or [N, K / 32],
+  w = q * d per block of 32 columns: a GGUF's Q8_0/Q5_0 blocks as they were)
 The plain codes, not the CPU kernel's opaque pack: packing is a cheap step at load.
 
 GPTQ (quant_method "gptq", bits 4): ``qweight`` int32 [K / 8, N] packed along K (nibble j of row

@@ -120,6 +120,46 @@ def q4_k_to_int4(data, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tens
             torch.from_numpy(zeros).reshape(groups))
 
 
+Q5_0_BYTES = 22  # fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; w = d * (q - 16)
+
+
+def int8_blocks(data, shape: tuple[int, int], qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0, Q5_0, Q5_1, Q5_K or Q6_K bytes -> (q int8 [out, in], d float32 [out, in / 32]) with
+    w = d q per block of 32: the native int8 kernel's own format (engine/kernels/cpu/qmatmul.py).
+    Q8_0 and Q5_0 load exactly (their codes and fp16 scales as they are: Q5_0's q - 16 is in
+    -16..15). The others are dequantized (gguf's own) and rounded per block of 32 as Q8_0 rounds
+    (quantize_int8_blocks): half a step of the block's largest weight / 127 at most, on top of the
+    file's rounding."""
+    out_features, in_features = (int(d) for d in shape)
+    if qtype == "Q8_0":
+        blocks = _blocks(data, shape, "Q8_0")
+        q = blocks[..., 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
+        return q, _fp16(blocks[..., 0:2])
+    if qtype == "Q5_0":
+        if in_features % BLOCK:
+            raise ValueError(f"Q5_0: in_features ({in_features}) is not a multiple of {BLOCK}")
+        raw = torch.from_numpy(np.array(data, dtype=np.uint8))
+        if raw.numel() != out_features * in_features // BLOCK * Q5_0_BYTES:
+            raise ValueError(f"Q5_0 tensor of shape {tuple(shape)} needs "
+                             f"{out_features * in_features // BLOCK * Q5_0_BYTES} bytes, got {raw.numel()}")
+        blocks = raw.reshape(out_features, in_features // BLOCK, Q5_0_BYTES)
+        high = blocks[..., 2:6].contiguous().view(torch.int32)  # [out, blocks, 1]: bit j = weight j
+        bits = ((high >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)  # [out, blocks, 32]
+        codes = _nibbles(blocks[..., 6:]).reshape(bits.shape) | (bits << 4)
+        q = (codes.to(torch.int16) - 16).to(torch.int8).reshape(out_features, in_features)
+        return q, _fp16(blocks[..., 0:2])
+    if qtype not in ("Q5_1", "Q5_K", "Q6_K"):
+        raise ValueError(f"int8_blocks takes Q8_0, Q5_0, Q5_1, Q5_K or Q6_K, got {qtype!r}")
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.kernels.cpu.qmatmul import quantize_int8_blocks
+
+    weight = dequantize(np.asarray(data, dtype=np.uint8), GGMLQuantizationType[qtype])
+    return quantize_int8_blocks(torch.from_numpy(np.asarray(weight, dtype=np.float32)).reshape(
+        out_features, in_features))
+
+
 def int8_from_blocks(data, shape: tuple[int, int], qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Q8_0, Q5_0, Q5_1, Q5_K or Q6_K bytes -> (q int8 [out, in], scales float32 [out]) for the
     per-channel int8 layers. Q8_0 re-rounds its codes onto the row's largest scale (q8_0_to_int8);

@@ -34,9 +34,23 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
+def blocks_to_rows(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block int8 (q [N, K], d [N, K / 32]: w = d q per block of 32) -> per-row (q' int8 [N, K],
+    s float32 [N]): the row's largest block scale (nothing clips), every other block re-rounded
+    onto it, q' = round(q d / s): up to half a step of s more error in those blocks."""
+    n, k = q.shape
+    d = d.float()
+    row_scale = d.abs().amax(dim=1).clamp(min=1e-8)  # [N]
+    blocks = q.float().reshape(n, d.shape[1], k // d.shape[1])
+    requantized = torch.round(blocks * (d / row_scale[:, None])[..., None]).clamp(-127, 127)
+    return requantized.to(torch.int8).reshape(n, k), row_scale
+
+
 @dataclass
 class Int8Weight:
-    """One weight in int8 form: q int8 [N, K], scales float32 [N]; w = q * s per row."""
+    """One weight in int8 form: q int8 [N, K] and scales float32, either [N] (w = q * s per row)
+    or [N, K / 32] (w = q * d per block of 32 columns: GGUF's Q8_0 and Q5_0 as they are, the
+    engine's native int8 kernel's format)."""
 
     q: torch.Tensor
     scales: torch.Tensor
@@ -45,10 +59,22 @@ class Int8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
+    @property
+    def is_blocked(self) -> bool:
+        return self.scales.dim() == 2
+
     def map_rows(self, fn) -> Int8Weight:
         return Int8Weight(fn(self.q), fn(self.scales))
 
+    def per_row(self) -> Int8Weight:
+        """This weight with one scale per row (re-rounded when blocked: blocks_to_rows)."""
+        return Int8Weight(*blocks_to_rows(self.q, self.scales)) if self.is_blocked else self
+
     def dequantize(self) -> torch.Tensor:
+        if self.is_blocked:
+            n, k = self.q.shape
+            return (self.q.float().reshape(n, self.scales.shape[1], -1)
+                    * self.scales.float()[..., None]).reshape(n, k)
         return dequantize_int8(self.q, self.scales)
 
 
@@ -63,23 +89,49 @@ def dense_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
 
 
 class Int8WeightOnlyLinear(nn.Module):
-    """y = x (q * s)^T (+ b); takes and returns the activation's dtype."""
+    """y = x (q * s)^T (+ b); takes and returns the activation's dtype.
+
+    With block scales (d [N, K / 32], a GGUF's Q8_0/Q5_0 blocks) on a CPU where the engine's own
+    kernels build, the weight stays in those blocks and multiplies in the native int8 kernel
+    (engine/kernels/cpu/qmatmul.py: activations rounded to int8 per block, as for int4); elsewhere
+    block scales are re-rounded to one scale per row (blocks_to_rows) for torch's kernel."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.float32, dense_rows: int | None = None):
         super().__init__()
         if q.dim() != 2 or q.dtype != torch.int8:
             raise ValueError(f"int8 weight must be a 2-D int8 tensor, got {q.dtype} {tuple(q.shape)}")
-        if tuple(scales.shape) != (q.shape[0],):
-            raise ValueError(f"int8 scales must be [{q.shape[0]}], got {tuple(scales.shape)}")
+        if tuple(scales.shape) not in ((q.shape[0],), (q.shape[0], q.shape[1] // 32)):
+            raise ValueError(f"int8 scales must be [{q.shape[0]}] or [{q.shape[0]}, "
+                             f"{q.shape[1] // 32}], got {tuple(scales.shape)}")
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.set_weight(q, scales, dtype, dense_rows)
+
+    @staticmethod
+    def takes_blocks(out_features: int, in_features: int, device: torch.device | str) -> bool:
+        """Whether a weight of this shape on ``device`` keeps block scales (the native kernel)."""
+        from engine.kernels.cpu import qmatmul
+        return torch.device(device).type == "cpu" and qmatmul.supports(out_features, in_features)
 
     def set_weight(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
                    dense_rows: int | None = None) -> None:
         """dense_rows (CPU and bf16 only; None or 0: off): also keep ``weight_dense`` = q * s in
         bf16 [N, K], and multiply steps of at least that many rows by it."""
         self.out_features, self.in_features = q.shape
+        self._native_args = None
+        if scales.dim() == 2 and self.takes_blocks(*q.shape, q.device):
+            from engine.kernels.cpu import qmatmul
+            try:
+                packed, d = qmatmul.pack_int8(q, scales)
+            except ValueError:  # a scale beyond fp16: one scale a row instead
+                pass
+            else:
+                self._set_blocks(q, scales, packed, d, dtype, dense_rows)
+                return
+        if scales.dim() == 2:
+            q, scales = blocks_to_rows(q, scales)
+        self.register_buffer("q8_packed", None)
+        self.register_buffer("q8_d", None)
         self.register_buffer("weight_int8", q.contiguous())
         # kept in the dtype the model computes in, so the kernel needs no cast per call
         self.register_buffer("scales", scales.detach().to(dtype))
@@ -88,6 +140,21 @@ class Int8WeightOnlyLinear(nn.Module):
         # rounded like the kernel's bf16 scales, so both paths stand for the same weight
         self.register_buffer("weight_dense", dense_int8(q, self.scales, dtype) if keep_dense else None)
 
+    def _set_blocks(self, q, scales, packed, d, dtype, dense_rows) -> None:
+        self.register_buffer("q8_packed", packed)  # q + 128 uint8 [N / G, K / 32, 8, G, 4]
+        self.register_buffer("q8_d", d)  # fp16 [N / G, K / 32, G]
+        self.register_buffer("weight_int8", None)
+        self.register_buffer("scales", None)
+        # the kernel's arguments as a plain attribute (a buffer lookup costs ~0.3 us a call)
+        self._native_args = (packed, d)
+        self._bias32 = None if self.bias is None else self.bias.float().contiguous()
+        keep_dense = bool(dense_rows) and dtype == torch.bfloat16
+        self.dense_rows = dense_rows if keep_dense else None
+        dense = None
+        if keep_dense:  # rounded like the kernel's fp16 block scales
+            dense = Int8Weight(q, d.float().transpose(1, 2).reshape(q.shape[0], -1)).dequantize()
+        self.register_buffer("weight_dense", None if dense is None else dense.to(dtype))
+
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    dtype: torch.dtype | None = None) -> Int8WeightOnlyLinear:
@@ -95,6 +162,21 @@ class Int8WeightOnlyLinear(nn.Module):
         return cls(q, scales, bias, dtype or weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self._native_args
+        if native is not None:
+            from engine.kernels.cpu import qmatmul
+            shape = x.shape
+            x2 = x.reshape(-1, self.in_features)
+            if self.weight_dense is not None and x2.shape[0] >= self.dense_rows and (
+                    x.dtype == self.weight_dense.dtype):
+                out = F.linear(x2, self.weight_dense)
+                if self.bias is not None:
+                    out = out + self.bias.to(x.dtype)
+            else:
+                xk = x2 if x2.dtype in qmatmul.DTYPES else x2.float()
+                out = qmatmul.int8_matmul(xk if xk.stride(-1) == 1 else xk.contiguous(), *native,
+                                          self._bias32).to(x.dtype)
+            return out.reshape(*shape[:-1], self.out_features)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [T, K]
         scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
@@ -116,4 +198,5 @@ class Int8WeightOnlyLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}"
+                + (", blocks of 32 (native)" if self._native_args is not None else "")
                 + (f", dense_rows={self.dense_rows}" if self.dense_rows else ""))

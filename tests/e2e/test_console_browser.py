@@ -257,7 +257,7 @@ def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artif
     page.wait_for_load_state()
     row = version_row(page, 1)
     expect(row.locator("td.status")).to_have_text("ready")
-    expect(row.locator("td.validation")).to_have_text("validated")
+    expect(row.locator("td.validation")).to_have_text(re.compile(r"^\s*validated\s+llama, context \d+, 2 layers"))
     # Shown at a glance ("6.37 M"), the exact count grouped in the tooltip.
     expect(row.locator("td").nth(5)).to_have_text(re.compile(r"^\d{1,3}(\.\d+)? [KMB]$"))
     expect(row.locator("td").nth(5).locator("span")).to_have_attribute("title", f"{expected_parameters:,} parameters")

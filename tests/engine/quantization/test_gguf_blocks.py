@@ -6,9 +6,9 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from engine.quantization.gguf import int8_from_blocks, q4_k_to_int4, q4_to_int4, q8_0_to_int8
+from engine.quantization.gguf import int8_blocks, int8_from_blocks, q4_k_to_int4, q4_to_int4, q8_0_to_int8
 from engine.quantization.int4 import Int4WeightOnlyLinear, dequantize_int4
-from engine.quantization.int8 import dequantize_int8, quantize_int8
+from engine.quantization.int8 import Int8Weight, dequantize_int8, quantize_int8
 
 OUT, IN = 48, 128
 
@@ -106,3 +106,38 @@ def test_k_quant_blocks_of_5_and_6_bits_load_into_per_row_int8_within_half_a_ste
 def test_q4_k_needs_whole_super_blocks():
     with pytest.raises(ValueError, match="multiple of 256"):
         q4_k_to_int4(np.zeros((4, 144), dtype=np.uint8), (4, 288))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
+def test_q8_0_and_q5_0_load_into_int8_blocks_of_32_exactly(qtype):
+    raw, reference = _blocks(qtype)
+    q, d = int8_blocks(raw, (OUT, IN), qtype)
+    assert q.dtype == torch.int8 and d.shape == (OUT, IN // 32)
+    assert torch.equal(Int8Weight(q, d).dequantize(), torch.from_numpy(reference))
+
+
+def test_q5_1_loads_into_int8_blocks_within_half_a_step_of_each_block():
+    raw, reference = _blocks("Q5_1")
+    q, d = int8_blocks(raw, (OUT, IN), "Q5_1")
+    error = (Int8Weight(q, d).dequantize() - torch.from_numpy(reference)).abs().reshape(OUT, -1, 32)
+    assert (error <= d[..., None] * (0.5 + 1e-5)).all()
+
+
+def test_a_fused_layer_of_int8_block_shards_multiplies_them_in_the_native_kernel():
+    from engine.kernels.cpu import qmatmul
+    from engine.layers.linear import Int8Linear, QKVLinear
+    if not qmatmul.supports(64, IN):
+        pytest.skip("the native int8 kernel does not build here")
+    like = QKVLinear(IN, 16, 2, 1)  # q [32, IN], k and v [16, IN]
+    layer = Int8Linear(like, torch.float32)
+    parts = {}
+    for shard, (rows, qtype) in zip("qkv", ((32, "Q5_0"), (16, "Q5_0"), (16, "Q8_0"))):
+        raw = quantize(np.random.default_rng(rows).normal(0, 0.05, (rows, IN)).astype(np.float32),
+                       GGMLQuantizationType[qtype])
+        parts[shard] = Int8Weight(*int8_blocks(raw, (rows, IN), qtype))
+        layer.weight_loader(layer.weight, parts[shard], shard)
+    assert layer._native_args is not None and layer.weight_int8 is None
+    x = torch.randn(5, IN)
+    q = torch.cat([parts[s].q for s in "qkv"]).float()
+    d = torch.cat([parts[s].scales for s in "qkv"])
+    torch.testing.assert_close(layer(x), qmatmul.reference(x, q, d, None), rtol=1e-5, atol=1e-5)
