@@ -123,7 +123,7 @@ class Chunk:
     A worker-side failure is a final chunk with ``error`` set and ``finish_reason`` None.
     For a request with n > 1 samples the deltas are in ``samples`` instead, one SampleDelta dict
     per sample that moved: {"index", "text", "token_ids", "logprobs", "finish_reason",
-    "num_output_tokens"} (finish_reason set once that sample ended); text, token_ids and logprobs
+    "stop_reason", "num_output_tokens"} (finish_reason set once that sample ended); text, token_ids and logprobs
     are then empty, num_output_tokens is the samples' sum and finish_reason the last one's.
     """
 
@@ -142,6 +142,8 @@ class Chunk:
     # admitted the request for the new version while the old one still answers it.
     version: str | None = None
     samples: list[dict] | None = None  # n > 1 only, see above
+    # The stop string (or token id) that ended the request, on its last chunk; n > 1: per sample.
+    stop_reason: str | int | None = None
 
     @classmethod
     def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:

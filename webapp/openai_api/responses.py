@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import json
 
+from webapp.openai_api.errors import OpenAIError
+from webapp.openai_api.events import Event, Finish
 from webapp.openai_api.services import CHAT, Generation, Outcome
-from webapp.openai_api.tool_calls import ToolCallStream, apply_tool_calls, stream_choices
+from webapp.openai_api.tool_calls import apply_tool_calls, openai_delta
 from webapp.registry.tokenizers import ModelTokenizer
 from workers.protocol import Chunk
 
@@ -112,13 +114,14 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
 
 
 class StreamFormatter:
-    """The SSE chunks of one streamed response, in order."""
+    """The SSE chunks of one streamed chat or legacy completion, in order, from the internal events
+    (webapp/openai_api/events.py): a text delta and its choice's finish travel in one chunk, as before."""
+
+    final = None  # chat completions keep nothing
 
     def __init__(self, gen: Generation):
         self.gen = gen
         self.text_offsets = [0] * gen.n  # completions: characters streamed so far, per choice
-        # chat with tools: each choice's text through webapp/openai_api/tool_calls.py
-        self.tool_streams = [ToolCallStream(gen.tools) for _ in range(gen.n)] if gen.tools is not None else None
 
     def _chunk(self, choice: dict) -> bytes:
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
@@ -134,20 +137,27 @@ class StreamFormatter:
         return b"".join(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}) for i in range(self.gen.n))
 
-    def chunk(self, chunk: Chunk) -> bytes:
-        """The events of one worker chunk: a delta of its one choice, or of each sample that moved."""
-        if chunk.samples is None:
-            return self.delta(chunk.text, chunk.logprobs, chunk.finish_reason if chunk.finished else None)
-        return b"".join(self.delta(s["text"], s.get("logprobs"), s.get("finish_reason"), index=s["index"])
-                        for s in chunk.samples)
+    def events(self, index: int, events: list[Event]) -> bytes:
+        out, i = [], 0
+        while i < len(events):
+            event = events[i]
+            if self.gen.tools is not None and not isinstance(event, Finish):
+                if (delta := openai_delta(event)) is not None:
+                    out.append(self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None}))
+            elif isinstance(event, Finish):
+                out.append(self.delta("", None, event.reason, index=index))
+            elif i + 1 < len(events) and isinstance(events[i + 1], Finish):
+                out.append(self.delta(event.text, event.logprobs, events[i + 1].reason, index=index))
+                i += 1
+            else:
+                out.append(self.delta(event.text, event.logprobs, index=index))
+            i += 1
+        return b"".join(out)
 
     def delta(self, text: str, logprobs: list[dict] | None, reason: str | None = None, *, index: int = 0) -> bytes:
-        if not text and not logprobs and reason is None:
-            return b""  # a chunk that only moved the stop-string holdback
         tokenizer = self.gen.tokenizer
-        if self.tool_streams is not None:
-            return b"".join(self._chunk({"index": index, **c})
-                            for c in stream_choices(self.tool_streams[index], text, reason))
+        if self.gen.tools is not None:
+            return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": reason})
         if self.gen.endpoint == CHAT:
             choice = {"index": index, "delta": {"content": text} if text or not reason else {},
                       "logprobs": chat_logprobs(tokenizer, logprobs or []) if self.gen.wants_logprobs else None,
@@ -160,8 +170,13 @@ class StreamFormatter:
             self.text_offsets[index] += len(text)
         return self._chunk(choice)
 
-    def usage(self, outcome: Outcome) -> bytes:
+    def end(self, outcome: Outcome, error: OpenAIError | None) -> bytes:
+        if error is not None:
+            return sse(error.to_dict()) + DONE  # the openai client raises APIError on an "error" event
         if not self.gen.include_usage:
-            return b""
+            return DONE
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
-        return sse({**_envelope(self.gen, obj), "choices": [], "usage": usage_body(outcome)})
+        return sse({**_envelope(self.gen, obj), "choices": [], "usage": usage_body(outcome)}) + DONE
+
+    def fail(self, error: OpenAIError) -> bytes:
+        return sse(error.to_dict())

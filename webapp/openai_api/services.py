@@ -41,8 +41,14 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
                    "min_tokens", "stop_token_ids", "logit_bias")
 
 
+MESSAGES = UsageRecord.Endpoint.MESSAGES
+RESPONSES = UsageRecord.Endpoint.RESPONSES
+ID_PREFIXES = {CHAT: "chatcmpl-", MESSAGES: "msg_", RESPONSES: "resp_"}
+PROMPT_PARAMS = {COMPLETIONS: "prompt", RESPONSES: "input"}  # else "messages"
+
+
 def new_request_id(endpoint: str) -> str:
-    return ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
+    return ID_PREFIXES.get(endpoint, "cmpl-") + uuid.uuid4().hex
 
 
 @dataclass
@@ -68,9 +74,11 @@ class Generation:
     tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
     shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
 
+    values: dict = field(default_factory=dict)  # the internal request, for the API's renderer
+
     @property
     def prompt_param(self) -> str:
-        return "messages" if self.endpoint == CHAT else "prompt"
+        return PROMPT_PARAMS.get(self.endpoint, "messages")
 
     def engine_request(self) -> GenerateRequest:
         # The key's owner, never the body: the engine scopes its prefix cache to this tenant and
@@ -134,7 +142,7 @@ def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> in
 
 def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
-    is_chat = endpoint == CHAT
+    is_chat = "messages" in values
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
     num_shared = 0
     if is_chat:
@@ -180,7 +188,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared)
+        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared, values=values)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
@@ -258,3 +266,12 @@ def request_refused_record(*, request_id: str, endpoint: str, api_key: ApiKey, d
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
         error_code=error_code, end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
+
+
+def chat_prompt_count(*, api_key: ApiKey, values: dict) -> int:
+    """The prompt tokens a chat-shaped internal request would send (its tools' block included)."""
+    _version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    try:
+        return len(tokenizer.apply_chat_template(template_messages(values["messages"], values.get("tool_plan"))))
+    except ChatTemplateError as exc:
+        raise errors.invalid_parameter("messages", str(exc)) from exc

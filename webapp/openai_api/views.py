@@ -15,8 +15,12 @@ from rest_framework.views import APIView
 
 from webapp.keys.selectors import apikey_allows_model
 from webapp.openai_api import errors
+from webapp.openai_api.anthropic_input import CountTokensInputSerializer, MessagesInputSerializer
 from webapp.openai_api.body import JsonBodyParser
+from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.lifecycle import completion_create
+from webapp.openai_api.responses import StreamFormatter, completion_body
+from webapp.openai_api.responses_input import ResponseInputSerializer
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
                                           SamplingInputSerializer, check_tool_messages, limited)
@@ -92,7 +96,8 @@ class CompletionApiBase(View):
     http_method_names = ["post"]
 
     async def post(self, request: HttpRequest) -> HttpResponse:
-        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate)
+        dialect = Dialect(endpoint=self.endpoint, validate=self.validate, body=completion_body, stream=StreamFormatter)
+        return await completion_create(request=request, dialect=dialect)
 
     def validate(self, body) -> dict:
         serializer = self.InputSerializer(data=body)
@@ -150,5 +155,10 @@ def openapi_schema(request: HttpRequest) -> HttpResponse:
     """GET v1/openapi.json: the /v1 endpoints and their parameters' ranges, built from the InputSerializers."""
     if request.method not in ("GET", "HEAD"):
         return errors.method_not_allowed(request.method, ["GET"]).response()
-    return JsonResponse(openapi_document({"/v1/chat/completions": ChatCompletionCreateApi.InputSerializer,
-                                          "/v1/completions": CompletionCreateApi.InputSerializer}))
+    return JsonResponse(openapi_document({
+        "/v1/chat/completions": ("createChatCompletion", ChatCompletionCreateApi.InputSerializer),
+        "/v1/completions": ("createCompletion", CompletionCreateApi.InputSerializer),
+        "/v1/responses": ("createResponse", ResponseInputSerializer),
+        "/v1/messages": ("createMessage", MessagesInputSerializer),
+        "/v1/messages/count_tokens": ("countMessageTokens", CountTokensInputSerializer),
+    }, anthropic_paths=frozenset({"/v1/messages", "/v1/messages/count_tokens"})))
