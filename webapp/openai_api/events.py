@@ -199,8 +199,9 @@ class ToolCallParser:
             index, args = self._call
             events.append(ToolCallEnd(index, args.text, False))
             self._call = None
-        elif self.pending.strip() and not (self._in_block and not self.pending.startswith(OPEN)):
-            events.append(TextDelta(self.pending))
+        elif self.pending.strip() and not (self._in_block and (self.num_complete
+                                                               or not self.pending.startswith(OPEN))):
+            events.append(TextDelta(self.pending))  # a block cut before its header stays text, alone
         self.pending = ""
         if self.num_complete and reason in ("stop", "length"):
             reason = "tool_calls"  # a later call cut by the limit is dropped; the complete ones stand

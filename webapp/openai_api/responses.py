@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 
+from webapp.openai_api.completion_extras import best_choices
 from webapp.openai_api.errors import OpenAIError
 from webapp.openai_api.events import Event, Finish
 from webapp.openai_api.services import CHAT, Generation, Outcome
@@ -89,6 +90,14 @@ def completion_logprobs(tokenizer: ModelTokenizer, entries: list[dict], text_off
             "text_offset": offsets}
 
 
+def echoed_prompt(gen: Generation) -> str:
+    """A completion's prompt text when ``echo`` asks for it, else ""."""
+    if gen.endpoint == CHAT or not gen.values.get("echo"):
+        return ""
+    prompt = gen.values["prompt"]
+    return prompt if isinstance(prompt, str) else gen.tokenizer.tokenizer.decode(prompt, skip_special_tokens=False)
+
+
 def _envelope(gen: Generation, obj: str) -> dict:
     return {"id": gen.request_id, "object": obj, "created": gen.created, "model": gen.model.slug}
 
@@ -96,8 +105,11 @@ def _envelope(gen: Generation, obj: str) -> dict:
 def completion_body(gen: Generation, outcome: Outcome) -> dict:
     """The non-streaming response: one choice per sample, by index."""
     outcome.choice(gen.n - 1)  # every choice listed, also one that produced nothing
-    choices = []
-    for index, sample in enumerate(outcome.choices):
+    choices, samples = [], outcome.choices
+    if gen.endpoint != CHAT and gen.n > (gen.values.get("n") or 1):  # best_of
+        samples = best_choices(samples, gen.values.get("n") or 1)
+    echo = echoed_prompt(gen)
+    for index, sample in enumerate(samples):
         if gen.endpoint == CHAT:
             choices.append({"index": index, "message": {"role": "assistant", "content": sample.text},
                             "logprobs": chat_logprobs(gen.tokenizer, sample.logprobs) if gen.wants_logprobs else None,
@@ -105,7 +117,7 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
             if gen.tools is not None:  # calls in the text become message.tool_calls
                 apply_tool_calls(gen.tools, choices[-1])
         else:
-            choices.append({"index": index, "text": sample.text,
+            choices.append({"index": index, "text": echo + sample.text,
                             "logprobs": (completion_logprobs(gen.tokenizer, sample.logprobs)
                                          if gen.wants_logprobs else None),
                             "finish_reason": finish_reason(sample.finish_reason)})
@@ -131,9 +143,12 @@ class StreamFormatter:
         return sse(body)
 
     def start(self) -> bytes:
-        """Chat streams open with the assistant's role (once per choice); completion streams have no opener."""
+        """Chat streams open with the assistant's role (once per choice); completion streams have no
+        opener but the prompt when it is echoed."""
         if self.gen.endpoint != CHAT:
-            return b""
+            echo = echoed_prompt(self.gen)
+            return b"".join(self._chunk({"index": i, "text": echo, "logprobs": None, "finish_reason": None})
+                            for i in range(self.gen.n)) if echo else b""
         return b"".join(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}) for i in range(self.gen.n))
 

@@ -21,6 +21,7 @@ from webapp.keys.services import apikey_mark_used
 from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
+from webapp.openai_api.completion_extras import fim_prompt
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
 from webapp.openai_api.tool_calls import ToolPlan, template_messages
 from webapp.registry.models import Model, ModelVersion
@@ -158,13 +159,17 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         max_tokens = values.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = values.get("logprobs")
         prompt = values["prompt"]
-        prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if values.get("suffix"):  # webapp/openai_api/completion_extras.py
+            prompt_ids = fim_prompt(tokenizer, prompt, values["suffix"])
+        else:
+            prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     vocab = tokenizer.tokenizer.get_vocab_size()
     if values.get("logit_bias") and max(values["logit_bias"]) >= vocab:
         raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {vocab}")
     try:  # the worst case is held against the key's token rate and budget before scheduling
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
-        apikey_reserve(api_key=api_key, request_id=request_id, tokens=(values.get("n") or 1) * worst_case_tokens(
+        apikey_reserve(api_key=api_key, request_id=request_id, tokens=max(
+                values.get("n") or 1, values.get("best_of") or 1) * worst_case_tokens(
             num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
             max_model_len=served_max_model_len(version, tokenizer)))
     except PriorityNotAllowed as exc:
@@ -182,13 +187,16 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
+    num_samples = max(values.get("n") or 1, values.get("best_of") or 1)
+    ranked = num_samples > (values.get("n") or 1)  # best_of: samples ranked by their log-probability
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
-        tokenizer=tokenizer, prompt_token_ids=prompt_ids, params=_sampling_params(values, max_tokens, logprobs),
+        tokenizer=tokenizer, prompt_token_ids=prompt_ids,
+        params=_sampling_params(values, max_tokens, logprobs if logprobs is not None or not ranked else 0),
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared, values=values)
+        n=num_samples, tools=values.get("tool_plan"), shared_prefix_len=num_shared, values=values)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:

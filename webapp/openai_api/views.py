@@ -22,8 +22,9 @@ from webapp.openai_api.lifecycle import completion_create
 from webapp.openai_api.responses import StreamFormatter, completion_body
 from webapp.openai_api.responses_input import ResponseInputSerializer
 from webapp.openai_api.schema import openapi_document
-from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
-                                          SamplingInputSerializer, check_tool_messages, limited)
+from webapp.openai_api.completion_extras import check_extras
+from webapp.openai_api.serializers import (MAX_MESSAGES, MAX_N, UNSUPPORTED, ChatMessageSerializer, PromptField,
+                                          SamplingInputSerializer, StrictCharField, check_tool_messages, limited)
 from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_version_for_key
 from webapp.openai_api.tool_calls import tool_plan
 from webapp.registry.selectors import modelversion_list_active
@@ -140,8 +141,17 @@ class CompletionCreateApi(CompletionApiBase):
     endpoint = COMPLETIONS
 
     class InputSerializer(SamplingInputSerializer):
+        unsupported = tuple(name for name in UNSUPPORTED if name not in ("best_of", "echo", "suffix"))
         prompt = PromptField()
         logprobs = limited("logprobs")
+        echo = serializers.BooleanField(required=False, allow_null=True)
+        suffix = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+        best_of = serializers.IntegerField(required=False, allow_null=True)
+
+        def validate(self, attrs):
+            attrs = super().validate(attrs)
+            check_extras(attrs, MAX_N)  # webapp/openai_api/completion_extras.py
+            return attrs
 
 
 @csrf_exempt
