@@ -7,6 +7,7 @@ Every read is by the key's owner: another owner's response answers exactly as an
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
@@ -39,9 +40,12 @@ def response_keep(gen: Generation, body: dict) -> None:
     if not values["response"]["store"]:
         return
     text, calls = output_conversation(body["output"])
-    StoredResponse.objects.update_or_create(response_id=gen.request_id, defaults=dict(
-        owner_id=gen.api_key.owner_id, status=body["status"], body=body,
-        messages=stored_conversation(values, text, calls)))
+    fields = dict(owner_id=gen.api_key.owner_id, status=body["status"], body=body,
+                  messages=stored_conversation(values, text, calls))
+    if values["response"]["background"]:  # its row was queued; deleted meanwhile, it stays deleted
+        StoredResponse.objects.filter(response_id=gen.request_id).update(**fields, updated_at=timezone.now())
+    else:
+        StoredResponse.objects.update_or_create(response_id=gen.request_id, defaults=fields)
 
 
 def response_queue(*, api_key: ApiKey, body: dict) -> None:
