@@ -147,7 +147,7 @@ class Chunk:
     A worker-side failure is a final chunk with ``error`` set and ``finish_reason`` None.
     For a request with n > 1 samples the deltas are in ``samples`` instead, one SampleDelta dict
     per sample that moved: {"index", "text", "token_ids", "logprobs", "finish_reason",
-    "num_output_tokens"} (finish_reason set once that sample ended); text, token_ids and logprobs
+    "stop_reason", "num_output_tokens"} (finish_reason set once that sample ended); text, token_ids and logprobs
     are then empty, num_output_tokens is the samples' sum and finish_reason the last one's.
     """
 
@@ -169,6 +169,8 @@ class Chunk:
     # An embed request's final chunk: each input's vector, in input order, as base64 of its
     # float32 little-endian bytes (OpenAI's encoding_format "base64"; workers/replies.py).
     embeddings: list[str] | None = None
+    # The stop string (or token id) that ended the request, on its last chunk; n > 1: per sample.
+    stop_reason: str | int | None = None
 
     @classmethod
     def failure(cls, request_id: str, error: ErrorInfo) -> Chunk:

@@ -85,6 +85,8 @@ class InFlight:
         if out.logprobs_delta is not None:
             delta["logprobs"] = (delta["logprobs"] or []) + [logprob_to_dict(lp) for lp in out.logprobs_delta]
         delta["finish_reason"] = out.finish_reason or delta["finish_reason"]
+        if out.finish_reason is not None:
+            delta["stop_reason"] = out.stop_reason
         delta["num_output_tokens"] = self._sample_tokens[out.index] = out.num_output_tokens
         self._token_ids.extend(out.token_ids_delta)  # counted for FLUSH_TOKENS only
 
@@ -102,7 +104,7 @@ class InFlight:
             logprobs=self._logprobs, finished=out.finished, finish_reason=out.finish_reason,
             num_prompt_tokens=out.num_prompt_tokens, num_output_tokens=out.num_output_tokens,
             num_cached_tokens=out.num_cached_tokens, time_to_first_token=ttft,
-            embeddings=self._embeddings)
+            embeddings=self._embeddings, stop_reason=out.stop_reason if out.finished else None)
         if self._samples is not None:
             chunk.token_ids = []
             chunk.num_output_tokens = self.num_output_tokens

@@ -90,3 +90,22 @@ def test_a_full_round_trip_call_tool_message_answer(client):
         client.chat.completions.create(model="smollm2", messages=ASK + [
             {"role": "tool", "tool_call_id": "call_nope", "content": "{}"}], tools=TOOLS, max_tokens=4)
     assert info.value.body["param"] == "messages[1].tool_call_id"
+
+
+def test_streamed_arguments_grow_delta_by_delta_and_a_complete_call_finishes_tool_calls(client):
+    """#32: arguments arrive as generated (not in one delta when the call closes), and a required
+    call whose arguments closed ends "tool_calls", not "length", under a tight max_tokens."""
+    stream = client.chat.completions.create(model="smollm2", messages=ASK, tools=TOOLS, stream=True,
+                                            tool_choice="required", temperature=0, max_tokens=60)
+    arguments, reasons, names = [], [], []
+    for chunk in stream:
+        reasons += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            names += [tc.function.name] if tc.index == 0 and tc.function.name else []
+            arguments += [tc.function.arguments] if tc.index == 0 and tc.function.arguments else []
+    assert len(arguments) > 1 and reasons == ["tool_calls"]
+    jsonschema.validate(json.loads("".join(arguments)), PARAMS[names[0]])
+
+    choice = client.chat.completions.create(model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
+                                            temperature=0, max_tokens=60).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls

@@ -5,7 +5,8 @@ it and bodies that break it (wrong types, values past each range, missing fields
 adds hostile JSON of its own (lone surrogates, NaN, huge numbers, deep nesting, any value in any
 field). No worker runs here, so a request that passes validation ends in the documented 503
 no_worker. Whatever is sent: never a 5xx other than that 503, and every error is an OpenAI error
-object ``{"error": {"message", "type", "param", "code"}}``.
+object ``{"error": {"message", "type", "param", "code"}}``, or on Anthropic's Messages routes an
+Anthropic one ``{"type": "error", "error": {"type", "message"}}``.
 """
 
 import asyncio
@@ -26,7 +27,7 @@ from webapp.openai_api.errors import SHED_MESSAGES
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the app runs on its own event loop thread
 
-# Per operation (five of them) and per hostile endpoint: about 30 s in all; FUZZ_EXAMPLES=2000 hunts longer.
+# Per operation (eleven of them) and per hostile endpoint: about 90 s in all; FUZZ_EXAMPLES=2000 hunts longer.
 MAX_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(HealthCheck))
@@ -71,6 +72,29 @@ schema = schemathesis.openapi.from_dict(published_schema())
 schema.app = application  # cases are sent to the ASGI application, as from_asgi() would
 
 
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def assert_anthropic_answer(status: int, content_type: str, body: bytes) -> None:
+    """Success, or an Anthropic error object; a 5xx only as the documented 503 (overloaded_error)."""
+    if status < 400:
+        return
+    assert content_type.startswith("application/json"), (status, body[:200])
+    answer = json.loads(body)
+    assert set(answer) == {"type", "error"} and answer["type"] == "error", answer
+    error = answer["error"]
+    assert set(error) == {"type", "message"} and isinstance(error["message"], str) and error["message"], error
+    assert "Traceback" not in error["message"] and "Error:" not in error["message"], error
+    if status >= 500:
+        assert status == 503 and error["type"] == "overloaded_error", (status, error, FAILURES.texts[-1:])
+
+
+def assert_answer(path: str, status: int, content_type: str, body: bytes) -> None:
+    """The route's own shape: Anthropic's on the Messages routes, OpenAI's elsewhere."""
+    check = assert_anthropic_answer if path in ANTHROPIC_PATHS else assert_openai_answer
+    check(status, content_type, body)
+
+
 def assert_openai_answer(status: int, content_type: str, body: bytes) -> None:
     """Success, or an OpenAI error object; a 5xx only as a documented 503."""
     if status < 400:
@@ -92,7 +116,7 @@ def test_schema_driven_bodies_never_get_a_5xx_or_a_non_openai_error(case, raw_ke
     response = case.call(headers={"Authorization": f"Bearer {raw_key}"})
 
     content_type = (response.headers.get("content-type") or [""])[0]  # schemathesis: a list per header
-    assert_openai_answer(response.status_code, content_type, response.content)
+    assert_answer(case.path, response.status_code, content_type, response.content)
 
 
 # Hostile JSON: lone surrogates, NaN and infinities, integers past 64 bits, nesting, any type anywhere.
@@ -105,15 +129,26 @@ values = st.recursive(st.one_of(st.none(), st.booleans(), numbers, texts),
                       max_leaves=8)
 FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
           "presence_penalty", "frequency_penalty", "repetition_penalty", "user", "stream", "stream_options",
-          "logprobs", "top_logprobs", "priority", "ignore_eos", "response_format", "tools", "input",
-          "encoding_format", "dimensions"]
+          "logprobs", "top_logprobs", "priority", "ignore_eos", "response_format", "tools",
+          # Anthropic's Messages and OpenAI's Responses
+          "system", "stop_sequences", "tool_choice", "metadata", "input", "instructions", "max_output_tokens",
+          "text", "encoding_format", "dimensions", "previous_response_id", "store", "background", "parallel_tool_calls"]
+# Content blocks (Anthropic) and input items (Responses) of every kind, with any value in any field.
+blocks = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "message", "function_call",
+                              "function_call_output", "input_text"]) | texts},
+    optional={name: st.one_of(texts, values) for name in ("text", "id", "name", "input", "tool_use_id", "content",
+                                                           "call_id", "output", "arguments", "role", "is_error")}),
+    max_size=3)
 messages = st.one_of(
     st.just([{"role": "user", "content": "hi"}]), values,
     st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]) | texts},
-                                   optional={"content": st.one_of(texts, values), "name": texts}), max_size=3))
+                                   optional={"content": st.one_of(texts, values, blocks), "name": texts}),
+             max_size=3))
 bodies = st.fixed_dictionaries(
     {"model": st.one_of(st.just("tiny"), values)},
-    optional={"messages": messages, "prompt": st.one_of(texts, values), **{name: values for name in FIELDS}})
+    optional={"messages": messages, "prompt": st.one_of(texts, values), **{name: values for name in FIELDS},
+              "input": st.one_of(texts, values, blocks)})
 deep = st.integers(min_value=1, max_value=5_000).map(
     lambda depth: '{"model": "tiny", "messages": ' + "[" * depth + "]" * depth + "}")
 
@@ -128,13 +163,14 @@ def post(raw_key: str, path: str, body: str) -> httpx.Response:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                                  *ANTHROPIC_PATHS])
 @HOSTILE_SETTINGS
 @given(body=st.one_of(bodies.map(lambda b: json.dumps(b, allow_nan=True)), deep, texts))
 def test_hostile_json_never_gets_a_5xx_or_a_non_openai_error(raw_key, path, body):
     response = post(raw_key, path, body)
 
-    assert_openai_answer(response.status_code, response.headers.get("content-type", ""), response.content)
+    assert_answer(path, response.status_code, response.headers.get("content-type", ""), response.content)
 
 
 def test_the_published_schema_states_the_engines_ranges():

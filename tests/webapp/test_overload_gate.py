@@ -341,3 +341,20 @@ async def test_the_served_gate_counts_the_real_endpoints_and_reports_to_metrics(
     assert REGISTRY.get_sample_value("pagoda:api_requests_shed_total", {"endpoint": "completions"}) >= 1
     app.release.set()
     await asyncio.gather(*running)
+
+
+@pytest.mark.asyncio
+async def test_the_served_gate_counts_messages_and_responses_and_refuses_each_in_its_apis_shape(settings):
+    settings.PAGODA_MAX_REQUESTS_IN_FLIGHT = 1
+    app = Held()
+    gate = gate_generations(app)
+    running = await started(gate, app, 1, "/v1/responses")
+    anthropic, openai = await call(gate, scope("/v1/messages")), await call(gate, scope("/v1/responses"))
+
+    assert anthropic[0]["status"] == openai[0]["status"] == 503 and len(app.scopes) == 1
+    assert dict(anthropic[0]["headers"])[b"x-request-id"].startswith(b"msg_")
+    assert json.loads(anthropic[1]["body"]) == {"type": "error", "error": {
+        "type": "overloaded_error", "message": json.loads(openai[1]["body"])["error"]["message"]}}
+    assert json.loads(openai[1]["body"])["error"]["code"] == "server_overloaded"
+    app.release.set()
+    await asyncio.gather(*running)

@@ -9,7 +9,7 @@ streams waited behind them. Here a refusal is a counter compared, a request id d
 written once at start sent: tens of microseconds.
 
 What counts: a POST to a generation endpoint (``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``),
+``/v1/embeddings``, ``/v1/messages``, ``/v1/responses``),
 from the moment the server hands it over until the application returns: its response's last
 message handed back (a stream: its end), the client gone (Django cancels the view), or a failure.
 Everything else passes uncounted: the other ``/v1`` paths, ``/healthz``, ``/metrics``, the console
@@ -74,13 +74,14 @@ class InFlightGate:
 
     ``max_in_flight`` fixes the capacity; None reads it with ``read_capacity`` (blocking, run in a
     thread; None from it: no bound). ``new_request_id(endpoint)`` names a refusal;
-    ``on_refused(endpoint)`` counts it.
+    ``on_refused(endpoint)`` counts it; ``error_bodies`` (endpoint -> body) gives an API whose
+    errors are not OpenAI's (Anthropic's Messages) its own shape.
     """
 
     def __init__(self, app, *, paths: dict[str, str], max_in_flight: int | None = None,
                  read_capacity: Callable[[], int | None] | None = None,
                  new_request_id: Callable[[str], str], on_refused: Callable[[str], None],
-                 ttl_s: float = CAPACITY_TTL_S):
+                 ttl_s: float = CAPACITY_TTL_S, error_bodies: dict[str, dict] | None = None):
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         if max_in_flight is None and read_capacity is None:
@@ -96,11 +97,15 @@ class InFlightGate:
         self._reading: asyncio.Future | None = None
         self._logged_at = float("-inf")
         self._logged_refused = 0
-        body = json.dumps(OVERLOADED.to_dict()).encode()
-        self._head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                      (b"x-content-type-options", b"nosniff"),
-                      *((name.lower().encode(), value.encode()) for name, value in OVERLOADED.headers.items())]
-        self._body = body
+        self._answers = {endpoint: self._answer((error_bodies or {}).get(endpoint, OVERLOADED.to_dict()))
+                         for endpoint in set(paths.values())}
+
+    @staticmethod
+    def _answer(error: dict) -> tuple[list, bytes]:
+        body = json.dumps(error).encode()
+        return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"x-content-type-options", b"nosniff"),
+                *((name.lower().encode(), value.encode()) for name, value in OVERLOADED.headers.items())], body
 
     async def __call__(self, scope, receive, send):
         endpoint = self._counted(scope)
@@ -184,9 +189,10 @@ class InFlightGate:
 
     async def _refuse(self, send, endpoint: str, capacity: int) -> None:
         request_id = self.new_request_id(endpoint)
+        head, body = self._answers[endpoint]
         await send({"type": "http.response.start", "status": OVERLOADED.status,
-                    "headers": [*self._head, (b"x-request-id", request_id.encode())]})
-        await send({"type": "http.response.body", "body": self._body})
+                    "headers": [*head, (b"x-request-id", request_id.encode())]})
+        await send({"type": "http.response.body", "body": body})
         self.num_refused += 1
         self.on_refused(endpoint)
         now = time.monotonic()
@@ -214,11 +220,14 @@ def gate_generations(app) -> InFlightGate:
     from django.urls import reverse
 
     from webapp.monitoring.metrics import observe_api_shed, watch_api_gate
-    from webapp.openai_api.services import CHAT, COMPLETIONS, EMBEDDINGS, new_request_id
+    from webapp.openai_api.anthropic_render import error_body as anthropic_error
+    from webapp.openai_api.services import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, new_request_id
 
     paths = {reverse("chat-completion-create"): CHAT, reverse("completion-create"): COMPLETIONS,
-             reverse("embedding-create"): EMBEDDINGS}
+             reverse("embedding-create"): EMBEDDINGS, reverse("message-create"): MESSAGES,
+             reverse("response-create"): RESPONSES}
     gate = InFlightGate(app, paths=paths, max_in_flight=settings.PAGODA_MAX_REQUESTS_IN_FLIGHT,
-                        read_capacity=serving_capacity, new_request_id=new_request_id, on_refused=observe_api_shed)
+                        read_capacity=serving_capacity, new_request_id=new_request_id, on_refused=observe_api_shed,
+                        error_bodies={MESSAGES: anthropic_error(OVERLOADED)})
     watch_api_gate(lambda: gate.in_flight, lambda: gate.last_capacity)
     return gate

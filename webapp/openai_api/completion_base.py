@@ -1,5 +1,6 @@
-"""The base of the async POST views (the completions, the embeddings): each validates its body
-with its own InputSerializer once lifecycle.completion_create has admitted the request."""
+"""The base of the async POST views of the OpenAI dialect (the completions, the embeddings): each
+validates its body with its own InputSerializer once lifecycle.completion_create has admitted the
+request."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from django.views import View
 from rest_framework import serializers
 
 from webapp.openai_api import errors
+from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.lifecycle import completion_create
+from webapp.openai_api.responses import StreamFormatter, completion_body
 
 
 class CompletionApiBase(View):
@@ -25,8 +28,11 @@ class CompletionApiBase(View):
     InputSerializer: type[serializers.Serializer]
     http_method_names = ["post"]
 
+    def dialect(self) -> Dialect:
+        return Dialect(endpoint=self.endpoint, validate=self.validate, body=completion_body, stream=StreamFormatter)
+
     async def post(self, request: HttpRequest) -> HttpResponse:
-        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate)
+        return await completion_create(request=request, dialect=self.dialect())
 
     def validate(self, body) -> dict:
         serializer = self.InputSerializer(data=body)

@@ -15,12 +15,11 @@ user                 a string of at most 256 characters     UsageRecord.end_user
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
 from rest_framework import serializers
 
 from webapp.openai_api.completion_base import CompletionApiBase
 from webapp.openai_api.embeddings import embedding_respond
-from webapp.openai_api.lifecycle import completion_create
+from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.serializers import (MAX_MODEL_LENGTH, MAX_USER_LENGTH, TOKEN_ID_LIMIT,
                                           LimitField, StrictCharField)
 from webapp.openai_api.services import EMBEDDINGS
@@ -63,7 +62,8 @@ class EmbeddingInputField(serializers.Field):
     def to_representation(self, value):
         return value
 
-    def openapi_schema(self) -> dict:
+    @property
+    def json_schema(self) -> dict:
         ids = {"type": "array", "minItems": 1,
                "items": {"type": "integer", "minimum": TOKEN_ID_LIMIT.low, "maximum": TOKEN_ID_LIMIT.high}}
         text = {"type": "string", "minLength": 1}
@@ -86,6 +86,5 @@ class EmbeddingCreateApi(CompletionApiBase):
         dimensions = LimitField(Limit(int, 1, MAX_INT32))
         user = StrictCharField(max_length=MAX_USER_LENGTH, required=False, allow_blank=True)
 
-    async def post(self, request: HttpRequest) -> HttpResponse:
-        return await completion_create(request=request, endpoint=self.endpoint, validate=self.validate,
-                                       respond=embedding_respond)
+    def dialect(self) -> Dialect:
+        return Dialect(endpoint=self.endpoint, validate=self.validate, respond=embedding_respond)

@@ -33,6 +33,7 @@ from webapp.keys.models import ApiKey
 from webapp.keys.services import apikey_mark_used
 from webapp.keys.tenancy import user_tenant
 from webapp.openai_api import errors
+from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.generation import _cut, _finish
 from webapp.openai_api.services import EMBEDDINGS, model_served
 from webapp.registry.models import Model, ModelVersion
@@ -121,9 +122,9 @@ def embedding_prepare(*, request_id: str, api_key: ApiKey, values: dict, started
                      started=started, end_user=end_user)
 
 
-async def embedding_respond(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict,
+async def embedding_respond(*, request_id: str, dialect: Dialect, api_key: ApiKey, values: dict,
                             started: float) -> HttpResponse:
-    """Run an admitted embeddings request (lifecycle.completion_create's ``respond``)."""
+    """Run an admitted embeddings request (its Dialect's ``respond``, called by lifecycle.completion_create)."""
     emb = await sync_to_async(embedding_prepare)(request_id=request_id, api_key=api_key, values=values,
                                                  started=started)
     outcome, vectors = Outcome(), None

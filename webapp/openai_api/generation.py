@@ -1,4 +1,6 @@
-"""Running one accepted completion request on the event loop: collect it, or stream it as SSE.
+"""Running one accepted generation request on the event loop, whatever its API: collect it, or
+stream it as SSE, its answer rendered by the API's ``Dialect`` (webapp/openai_api/dialect.py) from
+the one internal event stream (webapp/openai_api/events.py).
 
 The ORM work (model lookup, tokenizing, usage) runs through ``sync_to_async``; the engine is
 reached through workers.connect's EngineClient, whose iterator aborts the request in the
@@ -25,7 +27,8 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from webapp.config.shutdown import track, tracked, untrack
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
-from webapp.openai_api.responses import DONE, StreamFormatter, completion_body, sse
+from webapp.openai_api.dialect import Dialect
+from webapp.openai_api.events import ChunkEvents
 from webapp.openai_api.services import Generation, generation_finish, generation_prepare
 from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
@@ -35,17 +38,24 @@ from workers.protocol import Chunk
 logger = logging.getLogger(__name__)
 
 
-async def generation_respond(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict,
+def _prepare(dialect: Dialect, request_id: str, api_key: ApiKey, values: dict, started: float) -> Generation:
+    if dialect.resolve is not None:
+        values = dialect.resolve(api_key=api_key, values=values)
+    return generation_prepare(request_id=request_id, endpoint=dialect.endpoint, api_key=api_key, values=values,
+                              started=started)
+
+
+async def generation_respond(*, request_id: str, dialect: Dialect, api_key: ApiKey, values: dict,
                              started: float) -> HttpResponse:
-    """Run an admitted request whose body its InputSerializer validated; OpenAIError if it is
-    refused before reaching a worker (unknown model, template refusal), a response otherwise."""
-    gen = await sync_to_async(generation_prepare)(request_id=request_id, endpoint=endpoint, api_key=api_key,
-                                                  values=values, started=started)
+    """Run an admitted request whose body the dialect validated; OpenAIError if it is refused
+    before reaching a worker (unknown model, template refusal), a response otherwise."""
+    gen = await sync_to_async(_prepare)(dialect, request_id, api_key, values, started)
     outcome = Outcome()
     get_checkpoints().watch(request_id, outcome, started)  # until _finish
     chunks = get_engine_client(settings.REDIS_URL).generate(gen.engine_request())
     track(request_id, asyncio.current_task(), cut=lambda: _cut(gen, outcome))
-    response = await (_stream(gen, chunks, outcome) if gen.stream else _complete(gen, chunks, outcome))
+    response = await (_stream(dialect, gen, chunks, outcome) if gen.stream
+                      else _complete(dialect, gen, chunks, outcome))
     response["X-Request-Id"] = request_id
     return response
 
@@ -74,7 +84,7 @@ async def _cut(gen: Generation, outcome: Outcome) -> None:
     await _finish(gen, outcome, aborted=True)
 
 
-async def _complete(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
+async def _complete(dialect: Dialect, gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
     try:
         async with aclosing(chunks):
             async for chunk in chunks:
@@ -85,16 +95,19 @@ async def _complete(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outc
     except Exception as exc:
         error = errors.internal_error(exc)
         await _finish(gen, outcome, error=error)
-        return error.response()
+        return dialect.error_response(error)
     if outcome.error is not None:
         error = errors.from_error_info(outcome.error, prompt_param=gen.prompt_param)
         await _finish(gen, outcome, error=error)
-        return error.response()
+        return dialect.error_response(error)
     await _finish(gen, outcome)
-    return JsonResponse(completion_body(gen, outcome))
+    body = dialect.body(gen, outcome)
+    if dialect.keep is not None:
+        await sync_to_async(dialect.keep)(gen, body)
+    return JsonResponse(body)
 
 
-async def _stream(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
+async def _stream(dialect: Dialect, gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcome) -> HttpResponse:
     """Wait for the first chunk so that a refusal still gets its HTTP status, then stream."""
     try:
         first = await anext(chunks)
@@ -106,27 +119,27 @@ async def _stream(gen: Generation, chunks: AsyncIterator[Chunk], outcome: Outcom
         await chunks.aclose()
         error = errors.internal_error(exc)
         await _finish(gen, outcome, error=error)
-        return error.response()
+        return dialect.error_response(error)
     outcome.add(first)
     if first.error is not None:
         await chunks.aclose()
         error = errors.from_error_info(first.error, prompt_param=gen.prompt_param)
         await _finish(gen, outcome, error=error)
-        return error.response()
-    response = StreamingHttpResponse(_events(gen, chunks, first, outcome), content_type="text/event-stream")
+        return dialect.error_response(error)
+    response = StreamingHttpResponse(_events(dialect, gen, chunks, first, outcome), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # proxies must pass each event on at once
     return response
 
 
-async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, outcome: Outcome):
-    formatter = StreamFormatter(gen)
+async def _events(dialect: Dialect, gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, outcome: Outcome):
+    renderer, source = dialect.stream(gen), ChunkEvents(gen.n, gen.tools)
     error: errors.OpenAIError | None = None
     if (running := tracked(gen.request_id)) is not None:
         running.task = asyncio.current_task()  # the server's task sending the response now
     try:
         async with aclosing(chunks):
-            for part in (formatter.start(), formatter.chunk(first)):
+            for part in (renderer.start(), *(renderer.events(i, e) for i, e in source.feed(first))):
                 if part:
                     yield part
             if not first.finished:
@@ -135,20 +148,19 @@ async def _events(gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, o
                     if chunk.error is not None:
                         error = errors.from_error_info(chunk.error, prompt_param=gen.prompt_param)
                         break
-                    part = formatter.chunk(chunk)
-                    if part:
-                        yield part
-        # Recorded before the last events: a client that has read [DONE] finds its usage, and one
+                    for index, events in source.feed(chunk):
+                        if part := renderer.events(index, events):
+                            yield part
+        # Recorded before the last events: a client that has read the end finds its usage, and one
         # that hangs up right after it (the openai client does) cannot leave it unwritten.
         await _finish(gen, outcome, error=error)
-        if error is not None:
-            yield sse(error.to_dict())  # the openai client raises APIError on an "error" event
-        elif usage := formatter.usage(outcome):
-            yield usage
-        yield DONE
+        end = renderer.end(outcome, error)
+        if dialect.keep is not None and renderer.final is not None:
+            await sync_to_async(dialect.keep)(gen, renderer.final)
+        yield end
     except Exception as exc:  # not CancelledError/GeneratorExit: those are the client leaving
         error = errors.internal_error(exc)
         await _finish(gen, outcome, error=error)
-        yield sse(error.to_dict())
+        yield renderer.fail(error)
     finally:  # the client left mid-stream (a no-op when the usage is recorded already)
         await _finish(gen, outcome, aborted=not outcome.finished, error=error)

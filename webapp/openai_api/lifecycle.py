@@ -1,4 +1,4 @@
-"""A completion request's life around its generation: the key check, admission, the shutdown drain's
+"""A generation request's life around its generation, whatever its API: the key check, admission, the shutdown drain's
 list, and the usage record of a request that never reaches the engine.
 
 The key is checked first (401, no usage record). From then on the request is listed with
@@ -6,15 +6,14 @@ config.shutdown's ``track`` until exactly one usage record is written: by genera
 the request reaches the engine, else here, whatever ends it: a refusal (a bad body, a limit, the
 server shutting down, the view's InputSerializer, an unknown model), a failure of ours, or the
 client hanging up (Django cancels the view's task) while the body is checked, the request admitted
-or tokenized. A refusal leaves as an OpenAI error object whose X-Request-Id names its usage
-record. Writing the record releases what admission took (the key's concurrency slot).
+or tokenized. A refusal leaves as an error object in the API's own shape (its ``Dialect``) whose
+X-Request-Id names its usage record. Writing the record releases what admission took (the key's concurrency slot).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -25,9 +24,9 @@ from webapp.config.shutdown import shutting_down, track, tracked, untrack
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
+from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.generation import generation_respond
-from webapp.openai_api.services import (api_key_from_header, generation_admit, new_request_id,
-                                        request_refused_record)
+from webapp.openai_api.services import generation_admit, new_request_id, request_refused_record
 from webapp.usage.group_commit import usage_record_save
 
 
@@ -42,22 +41,23 @@ class _Call:
     body: object = None  # the JSON body, once parsed
 
 
-async def completion_create(*, request: HttpRequest, endpoint: str, validate: Callable[[object], dict],
-                            respond: Callable[..., Awaitable[HttpResponse]] = generation_respond) -> HttpResponse:
-    """Answer a completion request: ``validate`` turns its admitted JSON body into the values of the
-    view's InputSerializer (ValidationError if it cannot), ``respond`` runs it (the embeddings view
-    passes its own); every refusal is an OpenAI error object."""
-    started, request_id = time.monotonic(), new_request_id(endpoint)
+async def completion_create(*, request: HttpRequest, dialect: Dialect, request_id: str | None = None) -> HttpResponse:
+    """Answer a generation request of ``dialect``'s API: its ``validate`` turns the admitted JSON
+    body into the internal request (ValidationError if it cannot); every refusal is an error object
+    in the API's shape. ``request_id``: one named beforehand (a background response's)."""
+    endpoint = dialect.endpoint
+    started, request_id = time.monotonic(), request_id or new_request_id(endpoint)
     try:
-        api_key = await sync_to_async(api_key_from_header)(request.headers.get("Authorization"))
+        api_key = await sync_to_async(dialect.key)(request)
     except errors.OpenAIError as exc:
-        return exc.response()
+        return dialect.error_response(exc)
     call = _Call(request_id=request_id, endpoint=endpoint, api_key=api_key, started=started)
     track(request_id, asyncio.current_task(), cut=lambda: _account(call, None))
     try:
         await _admit(call, request)
-        return await respond(request_id=request_id, endpoint=endpoint, api_key=api_key,
-                             values=validate(call.body), started=started)
+        respond = dialect.respond or generation_respond
+        return await respond(request_id=request_id, dialect=dialect, api_key=api_key,
+                             values=dialect.validate(call.body), started=started)
     except (errors.OpenAIError, ValidationError) as exc:
         error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
     except asyncio.CancelledError:  # the client went away (or the server is shutting down)
@@ -66,7 +66,7 @@ async def completion_create(*, request: HttpRequest, endpoint: str, validate: Ca
     except Exception as exc:  # e.g. a tokenizer export gone missing: still an OpenAI error object
         error = errors.internal_error(exc)
     await _account(call, error)
-    response = error.response()
+    response = dialect.error_response(error)
     response["X-Request-Id"] = request_id  # names its usage record
     return response
 

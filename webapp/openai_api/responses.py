@@ -12,8 +12,11 @@ from __future__ import annotations
 import functools
 import json
 
+from webapp.openai_api.completion_extras import best_choices
+from webapp.openai_api.errors import OpenAIError
+from webapp.openai_api.events import Event, Finish
 from webapp.openai_api.services import CHAT, Generation, Outcome
-from webapp.openai_api.tool_calls import ToolCallStream, apply_tool_calls, stream_choices
+from webapp.openai_api.tool_calls import apply_tool_calls, openai_delta
 from webapp.registry.tokenizers import ModelTokenizer
 from workers.protocol import Chunk
 
@@ -87,6 +90,14 @@ def completion_logprobs(tokenizer: ModelTokenizer, entries: list[dict], text_off
             "text_offset": offsets}
 
 
+def echoed_prompt(gen: Generation) -> str:
+    """A completion's prompt text when ``echo`` asks for it, else ""."""
+    if gen.endpoint == CHAT or not gen.values.get("echo"):
+        return ""
+    prompt = gen.values["prompt"]
+    return prompt if isinstance(prompt, str) else gen.tokenizer.tokenizer.decode(prompt, skip_special_tokens=False)
+
+
 def _envelope(gen: Generation, obj: str) -> dict:
     return {"id": gen.request_id, "object": obj, "created": gen.created, "model": gen.model.slug}
 
@@ -94,8 +105,11 @@ def _envelope(gen: Generation, obj: str) -> dict:
 def completion_body(gen: Generation, outcome: Outcome) -> dict:
     """The non-streaming response: one choice per sample, by index."""
     outcome.choice(gen.n - 1)  # every choice listed, also one that produced nothing
-    choices = []
-    for index, sample in enumerate(outcome.choices):
+    choices, samples = [], outcome.choices
+    if gen.endpoint != CHAT and gen.n > (gen.values.get("n") or 1):  # best_of
+        samples = best_choices(samples, gen.values.get("n") or 1)
+    echo = echoed_prompt(gen)
+    for index, sample in enumerate(samples):
         if gen.endpoint == CHAT:
             choices.append({"index": index, "message": {"role": "assistant", "content": sample.text},
                             "logprobs": chat_logprobs(gen.tokenizer, sample.logprobs) if gen.wants_logprobs else None,
@@ -103,7 +117,7 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
             if gen.tools is not None:  # calls in the text become message.tool_calls
                 apply_tool_calls(gen.tools, choices[-1])
         else:
-            choices.append({"index": index, "text": sample.text,
+            choices.append({"index": index, "text": echo + sample.text,
                             "logprobs": (completion_logprobs(gen.tokenizer, sample.logprobs)
                                          if gen.wants_logprobs else None),
                             "finish_reason": finish_reason(sample.finish_reason)})
@@ -112,13 +126,14 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
 
 
 class StreamFormatter:
-    """The SSE chunks of one streamed response, in order."""
+    """The SSE chunks of one streamed chat or legacy completion, in order, from the internal events
+    (webapp/openai_api/events.py): a text delta and its choice's finish travel in one chunk, as before."""
+
+    final = None  # chat completions keep nothing
 
     def __init__(self, gen: Generation):
         self.gen = gen
         self.text_offsets = [0] * gen.n  # completions: characters streamed so far, per choice
-        # chat with tools: each choice's text through webapp/openai_api/tool_calls.py
-        self.tool_streams = [ToolCallStream(gen.tools) for _ in range(gen.n)] if gen.tools is not None else None
 
     def _chunk(self, choice: dict) -> bytes:
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
@@ -128,26 +143,36 @@ class StreamFormatter:
         return sse(body)
 
     def start(self) -> bytes:
-        """Chat streams open with the assistant's role (once per choice); completion streams have no opener."""
+        """Chat streams open with the assistant's role (once per choice); completion streams have no
+        opener but the prompt when it is echoed."""
         if self.gen.endpoint != CHAT:
-            return b""
+            echo = echoed_prompt(self.gen)
+            return b"".join(self._chunk({"index": i, "text": echo, "logprobs": None, "finish_reason": None})
+                            for i in range(self.gen.n)) if echo else b""
         return b"".join(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}) for i in range(self.gen.n))
 
-    def chunk(self, chunk: Chunk) -> bytes:
-        """The events of one worker chunk: a delta of its one choice, or of each sample that moved."""
-        if chunk.samples is None:
-            return self.delta(chunk.text, chunk.logprobs, chunk.finish_reason if chunk.finished else None)
-        return b"".join(self.delta(s["text"], s.get("logprobs"), s.get("finish_reason"), index=s["index"])
-                        for s in chunk.samples)
+    def events(self, index: int, events: list[Event]) -> bytes:
+        out, i = [], 0
+        while i < len(events):
+            event = events[i]
+            if self.gen.tools is not None and not isinstance(event, Finish):
+                if (delta := openai_delta(event)) is not None:
+                    out.append(self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None}))
+            elif isinstance(event, Finish):
+                out.append(self.delta("", None, event.reason, index=index))
+            elif i + 1 < len(events) and isinstance(events[i + 1], Finish):
+                out.append(self.delta(event.text, event.logprobs, events[i + 1].reason, index=index))
+                i += 1
+            else:
+                out.append(self.delta(event.text, event.logprobs, index=index))
+            i += 1
+        return b"".join(out)
 
     def delta(self, text: str, logprobs: list[dict] | None, reason: str | None = None, *, index: int = 0) -> bytes:
-        if not text and not logprobs and reason is None:
-            return b""  # a chunk that only moved the stop-string holdback
         tokenizer = self.gen.tokenizer
-        if self.tool_streams is not None:
-            return b"".join(self._chunk({"index": index, **c})
-                            for c in stream_choices(self.tool_streams[index], text, reason))
+        if self.gen.tools is not None:
+            return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": reason})
         if self.gen.endpoint == CHAT:
             choice = {"index": index, "delta": {"content": text} if text or not reason else {},
                       "logprobs": chat_logprobs(tokenizer, logprobs or []) if self.gen.wants_logprobs else None,
@@ -160,8 +185,13 @@ class StreamFormatter:
             self.text_offsets[index] += len(text)
         return self._chunk(choice)
 
-    def usage(self, outcome: Outcome) -> bytes:
+    def end(self, outcome: Outcome, error: OpenAIError | None) -> bytes:
+        if error is not None:
+            return sse(error.to_dict()) + DONE  # the openai client raises APIError on an "error" event
         if not self.gen.include_usage:
-            return b""
+            return DONE
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
-        return sse({**_envelope(self.gen, obj), "choices": [], "usage": usage_body(outcome)})
+        return sse({**_envelope(self.gen, obj), "choices": [], "usage": usage_body(outcome)}) + DONE
+
+    def fail(self, error: OpenAIError) -> bytes:
+        return sse(error.to_dict())

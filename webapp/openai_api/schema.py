@@ -2,7 +2,8 @@
 InputSerializers, so each parameter's published range is the one the API checks.
 
 Clients and the fuzzing suite (tests/webapp/test_openai_api_fuzz.py) read it; an error of any
-endpoint is the ``Error`` object, whatever its status.
+endpoint is the ``Error`` object, whatever its status, except on Anthropic's Messages routes,
+whose errors are ``AnthropicError`` objects (and whose key may come as ``x-api-key``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from rest_framework import serializers
 from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, LimitField, LogitBiasField, MessageContentField,
                                           PromptField, StopField, TOKEN_ID_LIMIT, TokenIdsField)
 
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
@@ -36,8 +40,8 @@ def _limit(field: LimitField) -> dict:
 
 def field_schema(field: serializers.Field) -> dict:
     """JSON Schema of one InputSerializer field (nullable when the field allows null)."""
-    if hasattr(field, "openapi_schema"):  # a field that states its own (embedding_views.py)
-        schema = field.openapi_schema()
+    if hasattr(field, "json_schema"):  # a field of its own shape states it
+        schema = dict(field.json_schema)
     elif isinstance(field, serializers.ListSerializer):
         schema = {"type": "array", "items": field_schema(field.child)}
         if not field.allow_empty:
@@ -76,6 +80,8 @@ def field_schema(field: serializers.Field) -> dict:
         schema = {"type": "integer", "minimum": 1, "maximum": 1}
     elif isinstance(field, serializers.CharField):
         schema = _string(field.max_length, 0 if field.allow_blank else 1)
+    elif isinstance(field, serializers.DictField):
+        schema = {"type": "object"}
     else:
         schema = {}
     if field.allow_null and "type" in schema:
@@ -96,14 +102,17 @@ def object_schema(serializer: serializers.Serializer) -> dict:
     return schema
 
 
-def _errors_only(description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+def _errors_only(description: str, error: str = "Error") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{error}"}}}}
 
 
 def _operation(summary: str, operation_id: str, ok: dict, body: dict | None = None,
-               parameters: list | None = None) -> dict:
-    operation = {"summary": summary, "operationId": operation_id, "security": [{"bearer": []}],
-                 "responses": {"200": ok, "default": _errors_only("An OpenAI error object")}}
+               parameters: list | None = None, anthropic: bool = False) -> dict:
+    security = [{"anthropic": []}, {"bearer": []}] if anthropic else [{"bearer": []}]
+    error = _errors_only("An Anthropic error object", "AnthropicError") if anthropic else \
+        _errors_only("An OpenAI error object")
+    operation = {"summary": summary, "operationId": operation_id, "security": security,
+                 "responses": {"200": ok, "default": error}}
     if body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if parameters:
@@ -111,27 +120,35 @@ def _operation(summary: str, operation_id: str, ok: dict, body: dict | None = No
     return operation
 
 
-def openapi_document(completion_serializers: dict[str, type[serializers.Serializer]]) -> dict:
-    """The document; ``completion_serializers`` maps each POST path (the completions, the
-    embeddings) to its view's InputSerializer."""
+def openapi_document(operations: dict[str, tuple[str, type[serializers.Serializer]]],
+                     anthropic_paths: frozenset[str] = frozenset()) -> dict:
+    """The document; ``operations`` maps each POST path to (operationId, its view's InputSerializer);
+    ``anthropic_paths`` answer Anthropic's errors."""
     obj = {"type": "object"}
-    completion_ok = {"description": "The completion, or its stream of server-sent events when stream is true",
+    completion_ok = {"description": "The answer, or its stream of server-sent events when stream is true",
                      "content": {"application/json": {"schema": obj}, "text/event-stream": {"schema": {"type": "string"}}}}
+    response_id = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    stored = {"description": "The stored response", "content": {"application/json": {"schema": obj}}}
     paths = {
         "/v1/models": {"get": _operation("The served models this key may use", "listModels",
                                          {"description": "A list of models", "content": {"application/json": {"schema": obj}}})},
         "/v1/models/{model}": {"get": _operation(
             "One served model", "retrieveModel", {"description": "The model", "content": {"application/json": {"schema": obj}}},
             parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}])},
+        "/v1/responses/{response_id}": {
+            "get": _operation("A stored response of this key's owner", "getResponse", stored, parameters=response_id),
+            "delete": _operation("Delete a stored response", "deleteResponse", stored, parameters=response_id)},
+        "/v1/responses/{response_id}/cancel": {"post": _operation(
+            "Cancel a background response", "cancelResponse", stored, parameters=response_id)},
     }
-    embedding_ok = {"description": "One embedding per input",
-                    "content": {"application/json": {"schema": obj}}}
-    for path, serializer in completion_serializers.items():
-        name, ok = ("createEmbedding", embedding_ok) if path.endswith("/embeddings") else (
-            "createChatCompletion" if "chat" in path else "createCompletion", completion_ok)
-        paths[path] = {"post": _operation(name, name, ok, body=object_schema(serializer()))}
+    embedding_ok = {"description": "One embedding per input", "content": {"application/json": {"schema": obj}}}
+    for path, (name, serializer) in operations.items():
+        ok = embedding_ok if path.endswith("/embeddings") else completion_ok
+        paths[path] = {"post": _operation(name, name, ok, body=object_schema(serializer()),
+                                          anthropic=path in anthropic_paths)}
     return {"openapi": "3.1.0",
-            "info": {"title": "Pagoda OpenAI-compatible API", "version": "1"},
+            "info": {"title": "Pagoda OpenAI- and Anthropic-compatible API", "version": "1"},
             "paths": paths,
-            "components": {"schemas": {"Error": ERROR},
-                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}}
+            "components": {"schemas": {"Error": ERROR, "AnthropicError": ANTHROPIC_ERROR},
+                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                               "anthropic": {"type": "apiKey", "in": "header", "name": "x-api-key"}}}}

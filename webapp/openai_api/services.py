@@ -21,6 +21,7 @@ from webapp.keys.services import apikey_mark_used
 from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
+from webapp.openai_api.completion_extras import fim_prompt
 from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
 from webapp.openai_api.tool_calls import ToolPlan, template_messages
 from webapp.registry.adapters import adapter_resolve
@@ -44,8 +45,14 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
                    "min_tokens", "stop_token_ids", "logit_bias")
 
 
+MESSAGES = UsageRecord.Endpoint.MESSAGES
+RESPONSES = UsageRecord.Endpoint.RESPONSES
+ID_PREFIXES = {CHAT: "chatcmpl-", MESSAGES: "msg_", RESPONSES: "resp_"}
+PROMPT_PARAMS = {COMPLETIONS: "prompt", RESPONSES: "input"}  # else "messages"
+
+
 def new_request_id(endpoint: str) -> str:
-    return {CHAT: "chatcmpl-", EMBEDDINGS: "embd-"}.get(endpoint, "cmpl-") + uuid.uuid4().hex
+    return {**ID_PREFIXES, EMBEDDINGS: "embd-"}.get(endpoint, "cmpl-") + uuid.uuid4().hex
 
 
 @dataclass
@@ -72,9 +79,11 @@ class Generation:
     shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
     adapter: Adapter | None = None  # a LoRA adapter of the model, which its workers serve
 
+    values: dict = field(default_factory=dict)  # the internal request, for the API's renderer
+
     @property
     def prompt_param(self) -> str:
-        return "messages" if self.endpoint == CHAT else "prompt"
+        return PROMPT_PARAMS.get(self.endpoint, "messages")
 
     def engine_request(self) -> GenerateRequest:
         # The key's owner, never the body: the engine scopes its prefix cache to this tenant and
@@ -148,7 +157,7 @@ def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> in
 
 def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
-    is_chat = endpoint == CHAT
+    is_chat = "messages" in values
     version, tokenizer = model_served(api_key=api_key, slug=values["model"])
     if tokenizer.embedding is not None:
         raise errors.invalid_parameter("model", f"the model {values['model']!r} is an embedding model and "
@@ -168,13 +177,17 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         max_tokens = values.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = values.get("logprobs")
         prompt = values["prompt"]
-        prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if values.get("suffix"):  # webapp/openai_api/completion_extras.py
+            prompt_ids = fim_prompt(tokenizer, prompt, values["suffix"])
+        else:
+            prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     vocab = tokenizer.tokenizer.get_vocab_size()
     if values.get("logit_bias") and max(values["logit_bias"]) >= vocab:
         raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {vocab}")
     try:  # the worst case is held against the key's token rate and budget before scheduling
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
-        apikey_reserve(api_key=api_key, request_id=request_id, tokens=(values.get("n") or 1) * worst_case_tokens(
+        apikey_reserve(api_key=api_key, request_id=request_id, tokens=max(
+                values.get("n") or 1, values.get("best_of") or 1) * worst_case_tokens(
             num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
             max_model_len=served_max_model_len(version, tokenizer)))
     except PriorityNotAllowed as exc:
@@ -192,15 +205,18 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
-    params = _sampling_params(values, max_tokens, logprobs)
+    num_samples = max(values.get("n") or 1, values.get("best_of") or 1)
+    ranked = num_samples > (values.get("n") or 1)  # best_of: samples ranked by their log-probability
+    params = _sampling_params(values, max_tokens, logprobs if logprobs is not None or not ranked else 0)
     return Generation(
         request_id=request_id, endpoint=endpoint, api_key=api_key, model=version.model, version=version,
         tokenizer=tokenizer, prompt_token_ids=prompt_ids,
-        params=(add_turn_ends(params, tokenizer) if is_chat else params),
+        params=add_turn_ends(params, tokenizer) if is_chat else params,
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=values.get("n") or 1, tools=values.get("tool_plan"), shared_prefix_len=num_shared, adapter=adapter)
+        n=num_samples, tools=values.get("tool_plan"), shared_prefix_len=num_shared, adapter=adapter,
+        values=values)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
@@ -278,3 +294,12 @@ def request_refused_record(*, request_id: str, endpoint: str, api_key: ApiKey, d
         request_id=request_id, endpoint=endpoint, status=status, latency=latency,
         api_key=api_key, user=api_key.owner, model=model, model_name=model_name[:MAX_MODEL_LENGTH],
         error_code=error_code, end_user=end_user if len(end_user) <= MAX_USER_LENGTH else "")
+
+
+def chat_prompt_count(*, api_key: ApiKey, values: dict) -> int:
+    """The prompt tokens a chat-shaped internal request would send (its tools' block included)."""
+    _version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    try:
+        return len(tokenizer.apply_chat_template(template_messages(values["messages"], values.get("tool_plan"))))
+    except ChatTemplateError as exc:
+        raise errors.invalid_parameter("messages", str(exc)) from exc

@@ -19,68 +19,18 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 
 from rest_framework import serializers
 
 from webapp.openai_api.constraints import check
+from webapp.openai_api.events import (TextDelta, ToolArgumentsDelta, ToolCallBegin, ToolCallParser, engine_reason,
+                                      fold)
+from webapp.openai_api.hermes import CLOSE, OPEN, ToolPlan
 
 MAX_TOOLS = 128  # OpenAI's cap
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-SYSTEM_BLOCK = (
-    "You are a function calling AI model. You are provided with function signatures within <tools></tools> "
-    "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "
-    "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
-    "For each function call return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>')
-
-
-@dataclass
-class ToolPlan:
-    """A request's tools and how they may be called."""
-
-    functions: dict[str, dict]  # name -> {"name", "description", "parameters"}
-    choice: str  # "auto" | "required" | "named"
-    named: str | None = None
-    parallel: bool = True
-    constraint: dict | None = field(default=None)  # engine structured_outputs, required / named
-
-    def system_block(self) -> str:
-        signatures = [json.dumps({"type": "function", "function": f}, ensure_ascii=False)
-                      for f in self.functions.values()]
-        return SYSTEM_BLOCK.format(tools="\n".join(signatures))
-
-    def parse(self, text: str) -> tuple[str | None, list[dict]]:
-        """(content outside the calls, or None; the calls in OpenAI's shape)."""
-        calls, kept, last = [], [], 0
-        for match in _BLOCK.finditer(text):
-            call = self._call(match.group(1))
-            if call is not None:
-                kept.append(text[last:match.start()])
-                last = match.end()
-                calls.append(call)
-        if not calls:
-            return text, []
-        content = ("".join(kept) + text[last:]).strip()
-        return content or None, calls
-
-    def _call(self, body: str) -> dict | None:
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.functions:
-            return None
-        arguments = obj.get("arguments", obj.get("parameters", {}))
-        if not isinstance(arguments, dict):
-            return None
-        return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                "function": {"name": obj["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
+__all__ = ["ToolPlan", "tool_plan", "template_messages"]
 
 
 def tool_plan(data: dict) -> ToolPlan | None:
@@ -194,86 +144,44 @@ def _history_call(call: dict) -> dict:
     return {"name": fn["name"], "arguments": arguments}
 
 
+def openai_delta(event) -> dict | None:
+    """A chat ``choices[i].delta`` of one internal event (webapp/openai_api/events.py); None: nothing to send."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ToolCallBegin):
+        return {"tool_calls": [{"index": event.call_index, "id": event.id, "type": "function",
+                                "function": {"name": event.name, "arguments": ""}}]}
+    if isinstance(event, ToolArgumentsDelta):
+        return {"tool_calls": [{"index": event.call_index, "function": {"arguments": event.text}}]}
+    return None
+
+
 class ToolCallStream:
-    """One chat choice's stream with tools: content deltas pass until a ``<tool_call>`` may be
-    starting (that text is held back); each complete call leaves as OpenAI streams it: a delta
-    with ``index``, ``id``, ``type`` and ``function.name`` (arguments ""), then one with the
-    ``function.arguments``."""
+    """One chat choice's stream with tools as OpenAI streams it: content deltas, then per call a
+    delta with ``index``, ``id``, ``type`` and ``function.name`` (arguments ""), then its
+    ``function.arguments`` in as many deltas as they arrived in."""
 
     def __init__(self, plan: ToolPlan):
-        self.plan = plan
-        self.pending = ""
-        self.num_calls = 0
+        self.parser = ToolCallParser(plan)
+        self.reason: str | None = None
 
     def feed(self, text: str) -> list[dict]:
-        """The deltas (``choices[i].delta`` objects) that ``text`` completes."""
-        self.pending += text
-        deltas = []
-        while True:
-            start = self.pending.find(OPEN)
-            if start < 0:
-                keep = _partial_suffix(self.pending, OPEN)
-                if not self.pending[:len(self.pending) - keep].strip():
-                    return deltas  # whitespace waits: it may only separate two calls
-                if len(self.pending) > keep:
-                    deltas.append({"content": self.pending[:len(self.pending) - keep]})
-                    self.pending = self.pending[len(self.pending) - keep:]
-                return deltas
-            end = self.pending.find(CLOSE, start)
-            if end < 0:
-                if self.pending[:start].strip():
-                    deltas.append({"content": self.pending[:start]})
-                    self.pending = self.pending[start:]
-                return deltas
-            if self.pending[:start].strip():
-                deltas.append({"content": self.pending[:start]})
-            block = self.pending[start:end + len(CLOSE)]
-            self.pending = self.pending[end + len(CLOSE):]
-            content, calls = self.plan.parse(block)
-            if calls:
-                deltas.extend(self._call_deltas(calls[0]))
-            elif content:
-                deltas.append({"content": content})
+        return [d for e in self.parser.feed(text) if (d := openai_delta(e)) is not None]
 
-    def finish(self) -> list[dict]:
-        deltas = [{"content": self.pending}] if self.pending.strip() else []
-        self.pending = ""
-        return deltas
-
-    def _call_deltas(self, call: dict) -> list[dict]:
-        index, self.num_calls = self.num_calls, self.num_calls + 1
-        fn = call["function"]
-        return [{"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                 "function": {"name": fn["name"], "arguments": ""}}]},
-                {"tool_calls": [{"index": index, "function": {"arguments": fn["arguments"]}}]}]
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that begins ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
-def _reason(reason: str | None, num_calls: int) -> str | None:
-    reason = "stop" if reason == "abort" else reason
-    return "tool_calls" if reason == "stop" and num_calls else reason
+    def finish(self, reason: str = "stop") -> list[dict]:
+        events = self.parser.finish(reason)
+        self.reason = events[-1].reason
+        return [d for e in events if (d := openai_delta(e)) is not None]
 
 
 def apply_tool_calls(plan: ToolPlan, choice: dict) -> dict:
     """A finished chat choice with the calls in its text moved to ``message.tool_calls``."""
-    content, calls = plan.parse(choice["message"]["content"] or "")
-    if calls:
-        choice["message"].update(content=content, tool_calls=calls)
-        choice["finish_reason"] = _reason(choice["finish_reason"], len(calls))
+    text = choice["message"]["content"] or ""
+    parser = ToolCallParser(plan)
+    folded = fold(parser.feed(text) + parser.finish(engine_reason(choice["finish_reason"])))
+    if folded.calls:
+        choice["message"].update(content=folded.text.strip() or None, tool_calls=[
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in folded.calls])
+        choice["finish_reason"] = folded.finish.reason
     return choice
-
-
-def stream_choices(stream: ToolCallStream, text: str, reason: str | None) -> list[dict]:
-    """The streamed choice objects (without ``index``) of one delta of text and its end."""
-    out = [{"delta": d, "logprobs": None, "finish_reason": None} for d in stream.feed(text)]
-    if reason is not None:
-        out += [{"delta": d, "logprobs": None, "finish_reason": None} for d in stream.finish()]
-        out.append({"delta": {}, "logprobs": None, "finish_reason": _reason(reason, stream.num_calls)})
-    return out

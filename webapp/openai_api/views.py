@@ -14,12 +14,15 @@ from rest_framework.views import APIView
 
 from webapp.keys.selectors import apikey_allows_adapter, apikey_allows_model
 from webapp.openai_api import errors
+from webapp.openai_api.anthropic_input import CountTokensInputSerializer, MessagesInputSerializer
 from webapp.openai_api.body import JsonBodyParser
 from webapp.openai_api.completion_base import CompletionApiBase
 from webapp.openai_api.embedding_views import EmbeddingCreateApi
+from webapp.openai_api.responses_input import ResponseInputSerializer
 from webapp.openai_api.schema import openapi_document
-from webapp.openai_api.serializers import (MAX_MESSAGES, UNSUPPORTED, ChatMessageSerializer, PromptField,
-                                          SamplingInputSerializer, check_tool_messages, limited)
+from webapp.openai_api.completion_extras import check_extras
+from webapp.openai_api.serializers import (MAX_MESSAGES, MAX_N, UNSUPPORTED, ChatMessageSerializer, PromptField,
+                                          SamplingInputSerializer, StrictCharField, check_tool_messages, limited)
 from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_target_for_key
 from webapp.openai_api.tool_calls import tool_plan
 from webapp.registry.adapters import adapter_list_active
@@ -119,8 +122,17 @@ class CompletionCreateApi(CompletionApiBase):
     endpoint = COMPLETIONS
 
     class InputSerializer(SamplingInputSerializer):
+        unsupported = tuple(name for name in UNSUPPORTED if name not in ("best_of", "echo", "suffix"))
         prompt = PromptField()
         logprobs = limited("logprobs")
+        echo = serializers.BooleanField(required=False, allow_null=True)
+        suffix = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+        best_of = serializers.IntegerField(required=False, allow_null=True)
+
+        def validate(self, attrs):
+            attrs = super().validate(attrs)
+            check_extras(attrs, MAX_N)  # webapp/openai_api/completion_extras.py
+            return attrs
 
 
 @csrf_exempt
@@ -134,6 +146,11 @@ def openapi_schema(request: HttpRequest) -> HttpResponse:
     """GET v1/openapi.json: the /v1 endpoints and their parameters' ranges, built from the InputSerializers."""
     if request.method not in ("GET", "HEAD"):
         return errors.method_not_allowed(request.method, ["GET"]).response()
-    return JsonResponse(openapi_document({"/v1/chat/completions": ChatCompletionCreateApi.InputSerializer,
-                                          "/v1/completions": CompletionCreateApi.InputSerializer,
-                                          "/v1/embeddings": EmbeddingCreateApi.InputSerializer}))
+    return JsonResponse(openapi_document({
+        "/v1/chat/completions": ("createChatCompletion", ChatCompletionCreateApi.InputSerializer),
+        "/v1/completions": ("createCompletion", CompletionCreateApi.InputSerializer),
+        "/v1/embeddings": ("createEmbedding", EmbeddingCreateApi.InputSerializer),
+        "/v1/responses": ("createResponse", ResponseInputSerializer),
+        "/v1/messages": ("createMessage", MessagesInputSerializer),
+        "/v1/messages/count_tokens": ("countMessageTokens", CountTokensInputSerializer),
+    }, anthropic_paths=frozenset({"/v1/messages", "/v1/messages/count_tokens"})))

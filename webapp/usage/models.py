@@ -30,6 +30,8 @@ class UsageRecord(models.Model):
         CHAT_COMPLETIONS = "chat.completions"
         COMPLETIONS = "completions"
         EMBEDDINGS = "embeddings"
+        MESSAGES = "messages"  # Anthropic's Messages API
+        RESPONSES = "responses"  # OpenAI's Responses API
 
     # Links go null when the key, user or model is deleted; the record and its numbers stay.
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")

@@ -19,6 +19,7 @@ class ChoiceOutcome:
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    stop_reason: str | int | None = None  # the stop string (or token id) that ended it
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Outcome:
                 choice.text += delta["text"]
                 choice.logprobs.extend(delta.get("logprobs") or [])
                 choice.finish_reason = delta.get("finish_reason") or choice.finish_reason
+                choice.stop_reason = delta.get("stop_reason", choice.stop_reason)
                 choice.num_output_tokens = delta.get("num_output_tokens", choice.num_output_tokens)
             return
         choice = self.choices[0]
@@ -75,3 +77,4 @@ class Outcome:
             choice.num_output_tokens = chunk.num_output_tokens
         if chunk.finished:
             choice.finish_reason = chunk.finish_reason
+            choice.stop_reason = chunk.stop_reason
