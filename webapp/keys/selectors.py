@@ -12,7 +12,7 @@ from webapp.registry.models import Model
 
 def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
     """The key with this secret if it exists, is not revoked, has not expired and its owner is active."""
-    api_key = ApiKey.objects.select_related("owner").filter(key_hash=hash_key(raw_key)).first()
+    api_key = ApiKey.objects.select_related("owner", "team__organisation").filter(key_hash=hash_key(raw_key)).first()
     if api_key is None or api_key.is_revoked or not api_key.owner.is_active:
         return None
     if api_key.expires_at is not None and api_key.expires_at <= timezone.now():
@@ -21,9 +21,13 @@ def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
 
 
 def apikey_allows_model(*, api_key: ApiKey, model: Model) -> bool:
-    """An empty scope means every model."""
-    scoped = api_key.models.values_list("pk", flat=True)
-    return not scoped or model.pk in set(scoped)
+    """An empty scope means every model; a team key is within its team's scope too."""
+    scopes = [api_key.models] + ([api_key.team.models] if api_key.team_id is not None else [])
+    for scope in scopes:
+        scoped = set(scope.values_list("pk", flat=True))
+        if scoped and model.pk not in scoped:
+            return False
+    return True
 
 
 def apikey_list_for_owner(*, owner) -> QuerySet[ApiKey]:
