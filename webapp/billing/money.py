@@ -65,3 +65,8 @@ def format_money(nanos: int, currency: str) -> str:
     text = f"{amount:f}"
     whole, _, fraction = text.partition(".")
     return f"{whole}.{fraction.ljust(2, '0')} {currency}".strip()
+
+
+def format_spend(spend: dict[str, int]) -> str:
+    """Spend per currency as pages show it: "1.25 USD + 0.40 EUR"; "–" for none."""
+    return " + ".join(format_money(nanos, currency) for currency, nanos in sorted(spend.items())) or "–"

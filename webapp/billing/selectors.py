@@ -26,7 +26,8 @@ def _row(budget: MoneyBudget, now: datetime) -> dict:
                                                                                         budget.currency),
             "spent": format_money(spent, budget.currency), "reserved": format_money(budget.reserved_nanos,
                                                                                     budget.currency),
-            "left": format_money(budget_left(budget, now), budget.currency), "ratio": ratio,
+            "left": format_money(budget_left(budget, now), budget.currency), "left_nanos": budget_left(budget, now),
+            "ratio": ratio,
             "percent": round(100 * ratio, 1), "alerting": 100 * ratio >= budget.alert_percent,
             "alert_percent": budget.alert_percent}
 

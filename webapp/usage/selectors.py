@@ -79,8 +79,8 @@ def _first_day_from(moment: datetime) -> date:
     return day if _day_start(day) >= moment else day + timedelta(days=1)
 
 
-def _raw(fields: tuple[str, ...], since, until) -> list[dict]:
-    records = UsageRecord.objects.all()
+def _raw(fields: tuple[str, ...], since, until, scope: Q | None = None) -> list[dict]:
+    records = UsageRecord.objects.all() if scope is None else UsageRecord.objects.filter(scope)
     if since is not None:
         records = records.filter(created_at__gte=since)
     if until is not None:
@@ -109,13 +109,15 @@ def _rolled_up(fields: tuple[str, ...], since, until) -> list[dict]:
                 .annotate(**{column: Sum(column) for column in _SUMMED_DAILY}))
 
 
-def _totals(fields: tuple[str, ...], since, until) -> list[dict]:
+def _totals(fields: tuple[str, ...], since, until, scope: Q | None = None) -> list[dict]:
     """Sums per ``fields`` over raw records and, for purged days, their daily roll-ups (unless a
-    field is one the roll-ups do not keep, such as end_user: then raw records only). ``spend``:
-    the cost per currency, in nano-units (an unpriced model's requests cost nothing, in no currency)."""
+    field is one the roll-ups do not keep, such as end_user, or the records are narrowed to a
+    ``scope``: then raw records only). ``spend``: the cost per currency, in nano-units (an
+    unpriced model's requests cost nothing, in no currency)."""
     merged: dict[tuple, dict] = {}
-    rolled_up = _rolled_up((*fields, "currency"), since, until) if all(f in _DAILY_FIELD for f in fields) else []
-    for rows, source in ((_raw((*fields, "currency"), since, until), _RAW_FIELD), (rolled_up, _DAILY_FIELD)):
+    rolled_up = _rolled_up((*fields, "currency"), since, until) \
+        if scope is None and all(f in _DAILY_FIELD for f in fields) else []
+    for rows, source in ((_raw((*fields, "currency"), since, until, scope), _RAW_FIELD), (rolled_up, _DAILY_FIELD)):
         for row in rows:
             key = tuple(row[source[f]] for f in fields)
             total = merged.setdefault(key, {**dict(zip(fields, key)), **dict.fromkeys(_SUMMED, 0), "spend": {}})
@@ -157,10 +159,17 @@ def usage_daily_series(*, since: datetime, until: datetime | None = None) -> dic
     return {"days": [day.isoformat() for day in days], "models": dict(sorted(models.items()))}
 
 
-def usage_spend_totals(*, since=None, until=None) -> dict[str, int]:
+def usage_scoped_totals_by(*, group: str, scope: Q, since=None) -> list[dict]:
+    """usage_totals_by over the raw records in ``scope`` only (a member's or a key's own: the days
+    within the retention period)."""
+    rows = _totals(GROUPS[group], since, None, scope)
+    return sorted(rows, key=lambda row: (-row["total_tokens"], tuple(str(row[f]) for f in GROUPS[group])))
+
+
+def usage_spend_totals(*, since=None, until=None, scope: Q | None = None) -> dict[str, int]:
     """The whole period's spend per currency (nano-units), from the same sums as every group's."""
     spend: dict[str, int] = {}
-    for row in _totals((), since, until):
+    for row in _totals((), since, until, scope):
         for currency, nanos in row["spend"].items():
             spend[currency] = spend.get(currency, 0) + nanos
     return spend
