@@ -24,7 +24,7 @@ from webapp.keys.services import apikey_create
 from webapp.usage.models import UsageRecord
 from webapp.usage.services import usage_record_close
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
 
 @pytest.fixture(autouse=True)
@@ -159,14 +159,14 @@ def test_a_request_that_could_exceed_any_level_is_refused_naming_it_and_takes_no
         _reserve(api_key, "r2")
 
     assert refused.value.code == "budget_exhausted" and refused.value.retry_after is None
-    assert f"the {level} " in refused.value.message and "0.01 USD" in refused.value.message
+    assert f"budget of the {level} '{holders[level]}' (0.01 USD)" in refused.value.message
     assert set(MoneyReservation.objects.values_list("request_id", flat=True)) == {"r1"}
     assert set(MoneyBudget.objects.values_list("reserved_nanos", flat=True)) == {6_250_000}
 
 
 def test_a_budget_in_another_currency_refuses_naming_its_level(priced_team_key):
     _budget("team", priced_team_key.team, "100", currency="EUR")
-    with pytest.raises(LimitExceeded, match="priced in USD and the team"):
+    with pytest.raises(LimitExceeded, match="priced in USD and the budget of the team 'acme / ml'"):
         _reserve(priced_team_key, "r1")
 
 

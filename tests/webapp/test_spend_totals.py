@@ -21,7 +21,7 @@ from webapp.keys.services import apikey_create
 from webapp.usage.models import UsageRecord
 from webapp.usage.services import usage_purge, usage_record_close, usage_rollup_day
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 GROUP_OF = {"organisation": "organisation_name", "team": "team_name", "user": "user", "key": "api_key",
             "model": "model_name"}
 

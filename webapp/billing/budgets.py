@@ -75,9 +75,10 @@ def _roll(budget: MoneyBudget, now: datetime) -> None:
 
 
 def describe(budget: MoneyBudget) -> str:
+    """"the monthly budget of the team 'acme / ml' (100.00 USD)": the level and holder named."""
     period = "" if budget.period == MoneyBudget.Period.TOTAL else f"{budget.period} "
-    return f"the {budget.level} {str(budget.holder)!r}'s {period}budget of " \
-           f"{format_money(budget.amount_nanos, budget.currency)}"
+    return f"the {period}budget of the {budget.level} '{budget.holder}' " \
+           f"({format_money(budget.amount_nanos, budget.currency)})"
 
 
 class _Refused(Exception):
