@@ -114,9 +114,11 @@
     const DAY = 86400;
     draw(el, series, [t].concat(names.map((name) => data.models[name]), digits === 0 ? [total] : []), {
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),  // the days are UTC days
-      scales: { y: { range: (u, min, max) => [0, Math.max(1, max) * 1.05] } },
+      // Tokens: at least 0..1; money: its own scale (a day may cost 0.0015).
+      scales: { y: { range: (u, min, max) => [0, (digits === 0 ? Math.max(1, max) : max || 1) * 1.05] } },
       axes: [{ incrs: [DAY, 2 * DAY, 7 * DAY, 14 * DAY, 30 * DAY, 91 * DAY, 365 * DAY],
-               values: (u, splits) => splits.map((ts) => new Date(ts * 1000).toISOString().slice(5, 10)) }, {}],
+               values: (u, splits) => splits.map((ts) => new Date(ts * 1000).toISOString().slice(5, 10)) },
+             digits === 0 ? {} : { size: 70, values: (u, splits) => splits.map((v) => String(+v.toPrecision(3))) }],
     });
     window.addEventListener("resize", () => el._plot.setSize({ width: width(el), height: HEIGHT }));
   }

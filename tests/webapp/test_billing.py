@@ -209,3 +209,20 @@ def test_chat_turns_count_against_their_users_budget():
     _budget("user", ann, "0.005")
     with pytest.raises(LimitExceeded, match="the user 'ann'"):
         limits_reserve(subject=limits, request_id="chat-1", tokens=1000, model_id=model.pk, num_prompt_tokens=500)
+
+
+def test_a_budget_past_its_alert_threshold_shows_in_the_console_and_as_a_metric(client, priced_team_key):
+    budget = _budget("team", priced_team_key.team, "0.01", period="monthly")
+    quiet = _budget("key", priced_team_key, "100")
+    MoneyBudget.objects.filter(pk=budget.pk).update(spent_nanos=9_000_000)  # 90% of it, alert at 80%
+    client.force_login(user("root", is_staff=True))
+
+    page = client.get("/console/budgets/").content.decode()
+    metrics = client.get("/metrics").content.decode()
+
+    assert f'data-budget="{budget.pk}" class="alerting"' in page and "over 80%" in page
+    assert f'data-budget="{quiet.pk}">' in page
+    labels = 'holder="acme / ml",level="team",period="monthly"'
+    assert f'pagoda:budget_alert{{currency="USD",{labels}}} 1.0' in metrics
+    assert f'pagoda:budget_spent_ratio{{currency="USD",{labels}}} 0.9' in metrics
+    assert 'pagoda:budget_alert{currency="USD",holder="k (' in metrics and '"key",period="total"} 0.0' in metrics

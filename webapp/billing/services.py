@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.audit.services import audit_record, snapshot
+from webapp.billing.budgets import period_start
 from webapp.billing.models import MoneyBudget, Price
 from webapp.billing.money import parse_amount, parse_currency
 from webapp.registry.models import Model
@@ -90,6 +91,8 @@ def budget_set(*, level: str, holder, amount, currency, period: str = MoneyBudge
         if budget.pk is not None and budget.currency != values["currency"] and budget.reserved_nanos:
             raise ValidationError({"currency": "running requests hold this budget: change its currency later"})
         budget.amount_nanos, budget.currency = values["amount_nanos"], values["currency"]
+        if budget.pk is None or budget.period != period:  # what it spent counts from the current period on
+            budget.period_start = period_start(period, timezone.now())
         budget.period, budget.alert_percent = period, alert
         budget.save()
         audit_record(action="budget.set", target=budget, before=before, after=snapshot(budget))

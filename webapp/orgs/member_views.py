@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from webapp.billing.money import format_spend
 from webapp.billing.selectors import budget_rows, budgets_of_member
+from webapp.console.keys_views import LIMIT_LABELS
 from webapp.console.outcome import describe, run_change
 from webapp.console.views import period_of
 from webapp.keys.models import ApiKey
@@ -44,7 +45,7 @@ def _home(request, status: int = 200):
     return render(request, "account/home.html", {
         "memberships": memberships_of(user=user), "keys": keys, "usage": usage, "days": days,
         "total_spend": format_spend(usage_spend_totals(since=since, scope=scope)),
-        "budgets": budget_rows(budgets=budgets_of_member(user=user)), "limit_fields": TEAM_LIMIT_FIELDS,
+        "budgets": budget_rows(budgets=budgets_of_member(user=user)), "limit_fields": [(f, LIMIT_LABELS[f]) for f in TEAM_LIMIT_FIELDS],
         "models": Model.objects.filter(versions__status=ModelVersion.Status.ACTIVE).distinct().order_by("slug"),
         "now": timezone.now(), "page": "home"}, status=status)
 
