@@ -11,6 +11,8 @@ import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
 
 @dataclass(frozen=True)
 class AuditContext:
@@ -42,14 +44,31 @@ def _source_of(path: str) -> str:
 
 
 class AuditContextMiddleware:
-    """Names the request as the source of the changes its view makes (after AuthenticationMiddleware)."""
+    """Names the request as the source of the changes its view makes (after AuthenticationMiddleware).
+
+    Sync and async alike, so an ASGI request never queues on the sync thread for it: set in the
+    async chain, the context var reaches a sync view through sync_to_async's copied context."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self._acall(request)
         token = _current.set(AuditContext(source=_source_of(request.path), request=request))
         try:
             return self.get_response(request)
+        finally:
+            _current.reset(token)
+
+    async def _acall(self, request):
+        token = _current.set(AuditContext(source=_source_of(request.path), request=request))
+        try:
+            return await self.get_response(request)
         finally:
             _current.reset(token)
