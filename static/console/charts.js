@@ -1,7 +1,7 @@
 // The console's time-series charts, drawn with uPlot (static/vendor/uplot/).
 // Workers page (#metric-charts): metric snapshots from metrics.json for one model over the last
 // hour or day, refreshed every sampling interval. Usage page (#usage-chart): tokens per day and
-// model, from the JSON the page embeds (#usage-series-data).
+// model, from the JSON the page embeds (#usage-series-data); and spend per day and currency (#spend-chart).
 (function () {
   "use strict";
   const COLORS = ["#4a78c2", "#d9534f", "#5cb85c", "#f0ad4e", "#8e44ad", "#16a085", "#7f8c8d", "#c0392b"];
@@ -105,18 +105,20 @@
     refresh();
   }
 
-  function usageChart(el, data) {
+  function usageChart(el, data, digits) {
     const t = data.days.map((day) => Date.parse(day + "T00:00:00Z") / 1000);
     const names = Object.keys(data.models);
     const total = t.map((_, i) => names.reduce((sum, name) => sum + data.models[name][i], 0));
-    const series = names.map((name, k) => Object.assign(lineSeries(name, k, 0), { points: { show: true } }));
-    series.push(lineSeries("total", 6, 0, [4, 3]));
+    const series = names.map((name, k) => Object.assign(lineSeries(name, k, digits), { points: { show: true } }));
+    if (digits === 0) series.push(lineSeries("total", 6, 0, [4, 3]));  // currencies do not add up
     const DAY = 86400;
-    draw(el, series, [t].concat(names.map((name) => data.models[name]), [total]), {
+    draw(el, series, [t].concat(names.map((name) => data.models[name]), digits === 0 ? [total] : []), {
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),  // the days are UTC days
-      scales: { y: { range: (u, min, max) => [0, Math.max(1, max) * 1.05] } },
+      // Tokens: at least 0..1; money: its own scale (a day may cost 0.0015).
+      scales: { y: { range: (u, min, max) => [0, (digits === 0 ? Math.max(1, max) : max || 1) * 1.05] } },
       axes: [{ incrs: [DAY, 2 * DAY, 7 * DAY, 14 * DAY, 30 * DAY, 91 * DAY, 365 * DAY],
-               values: (u, splits) => splits.map((ts) => new Date(ts * 1000).toISOString().slice(5, 10)) }, {}],
+               values: (u, splits) => splits.map((ts) => new Date(ts * 1000).toISOString().slice(5, 10)) },
+             digits === 0 ? {} : { size: 70, values: (u, splits) => splits.map((v) => String(+v.toPrecision(3))) }],
     });
     window.addEventListener("resize", () => el._plot.setSize({ width: width(el), height: HEIGHT }));
   }
@@ -124,5 +126,7 @@
   const section = document.getElementById("metric-charts");
   if (section) metricCharts(section);
   const usage = document.getElementById("usage-chart");
-  if (usage) usageChart(usage, JSON.parse(document.getElementById("usage-series-data").textContent));
+  if (usage) usageChart(usage, JSON.parse(document.getElementById("usage-series-data").textContent), 0);
+  const spend = document.getElementById("spend-chart");  // money per day and currency
+  if (spend) usageChart(spend, JSON.parse(document.getElementById("spend-series-data").textContent), 4);
 })();

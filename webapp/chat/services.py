@@ -277,7 +277,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             try:  # last, so that a refusal also takes back the saved message
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
                     num_prompt_tokens=len(prompt_ids), max_tokens=params["max_tokens"],
-                    max_model_len=max_model_len))
+                    max_model_len=max_model_len), model_id=version.model_id, num_prompt_tokens=len(prompt_ids))
                 usage_record_start(request_id=request_id, endpoint=ENDPOINT, started=started, model=version.model,
                                    version=version, num_prompt_tokens=len(prompt_ids), user=user)
             except (LimitExceeded, LimitStoreUnavailable) as exc:

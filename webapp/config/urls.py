@@ -6,7 +6,9 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("webapp.monitoring.urls")),
     path("", include("webapp.batches.urls")),  # before openai_api's v1/ catch-all
+    path("", include("webapp.usage.urls")),  # GET v1/usage, before openai_api's v1/ catch-all
     path("", include("webapp.openai_api.urls")),
+    path("account/", include("webapp.orgs.urls")),  # members' own keys, usage, budgets and teams
     path("admin/", admin.site.urls),
     path("console/", include("webapp.console.urls")),
     path("", include("webapp.search.urls")),

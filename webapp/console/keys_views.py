@@ -20,6 +20,7 @@ from webapp.keys.models import (FAIR_SHARE_WEIGHT_DEFAULT, FAIR_SHARE_WEIGHT_MAX
                                  ChatLimits)
 from webapp.keys.services import (LIMIT_FIELDS, apikey_create, apikey_revoke, apikey_set_limits,
                                   chatlimits_get_or_create, chatlimits_update)
+from webapp.orgs.models import Team
 from webapp.registry.models import Adapter, Model, ModelVersion
 
 LIMIT_LABELS = {"max_requests_per_minute": "Requests / minute", "max_tokens_per_minute": "Tokens / minute",
@@ -63,8 +64,10 @@ class KeyCreateForm(LimitsForm):
         help_text="LoRA adapters, scoped like models (a key scoped to a model alone cannot call its adapters)")
     expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=36500,
                                          help_text="empty: never expires")
+    team = forms.ModelChoiceField(queryset=Team.objects.select_related("organisation"), required=False,
+                                  help_text="a team's key: within its models and limits; empty: the owner's own")
 
-    field_order = ["name", "owner", "models", "adapters", "expires_in_days", *LIMIT_FIELDS, "can_set_priority",
+    field_order = ["name", "owner", "team", "models", "adapters", "expires_in_days", *LIMIT_FIELDS, "can_set_priority",
                    "fair_share_weight"]
 
 
@@ -73,7 +76,8 @@ def _limits(form: forms.Form) -> dict:
 
 
 def _key_rows() -> list[ApiKey]:
-    keys = list(ApiKey.objects.select_related("owner").prefetch_related("models", "adapters").order_by("-created_at"))
+    keys = list(ApiKey.objects.select_related("owner", "team").prefetch_related("models", "adapters")
+                .order_by("-created_at"))
     for key in keys:
         key.limit_values = [(f, LIMIT_LABELS[f], LIMIT_SHORT_LABELS[f], getattr(key, f)) for f in LIMIT_FIELDS]
     return keys
@@ -96,6 +100,7 @@ def keys_page(request):
             api_key, raw_key = apikey_create(
                 owner=form.cleaned_data["owner"], name=form.cleaned_data["name"],
                 models=form.cleaned_data["models"], adapters=form.cleaned_data["adapters"],
+                team=form.cleaned_data["team"],
                 expires_at=timezone.now() + timedelta(days=days) if days else None, **_limits(form))
         except ValidationError as error:
             form.add_error(None, error)

@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from webapp.console import adapter_views, jobs, keys_views, metrics_views, model_views, views
+from webapp.console import (adapter_views, audit_views, billing_views, jobs, keys_views, metrics_views,
+                            model_views, org_views, views)
 
 app_name = "console"
 urlpatterns = [
@@ -33,4 +34,20 @@ urlpatterns = [
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),
     path("chat-limits/", keys_views.chat_limits_page, name="chat-limits"),
     path("chat-limits/<int:user_id>/", keys_views.chat_limits_save, name="chat-limits-save"),
+    # Organisations, teams and members (webapp/console/org_views.py).
+    path("orgs/", org_views.orgs_page, name="orgs"),
+    path("orgs/add/", org_views.organisation_add, name="organisation-add"),
+    path("teams/add/", org_views.team_add, name="team-add"),
+    path("teams/<int:team_id>/", org_views.team_edit, name="team-edit"),
+    path("teams/<int:team_id>/delete/", org_views.team_remove, name="team-delete"),
+    path("teams/<int:team_id>/members/", org_views.member_set, name="member-set"),
+    path("teams/<int:team_id>/members/<int:user_id>/remove/", org_views.member_remove, name="member-remove"),
+    # Prices and money budgets (webapp/console/billing_views.py).
+    path("prices/", billing_views.prices_page, name="prices"),
+    path("prices/add/", billing_views.price_add, name="price-add"),
+    path("budgets/", billing_views.budgets_page, name="budgets"),
+    path("budgets/set/", billing_views.budget_add, name="budget-set"),
+    path("budgets/<int:budget_id>/delete/", billing_views.budget_remove, name="budget-delete"),
+    path("audit/", audit_views.audit_page, name="audit"),
+    path("audit.csv", audit_views.audit_csv, name="audit-csv"),
 ]

@@ -12,7 +12,9 @@ from django.utils import timezone
 
 from webapp.console.access import staff_required
 from webapp.console.selectors import models_without_worker, worker_rows
-from webapp.usage.selectors import GROUPS, RAW_ONLY_GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_totals_by
+from webapp.billing.money import format_spend, to_decimal
+from webapp.usage.selectors import (GROUPS, RAW_ONLY_GROUPS, TOTAL_COLUMNS, usage_daily_series, usage_daily_spend,
+                                    usage_spend_totals, usage_totals_by)
 
 DEFAULT_DAYS = 30
 # A cell starting with one of these is a formula to Excel, LibreOffice and Google Sheets
@@ -42,7 +44,7 @@ def workers_json(request):
     return JsonResponse({"workers": rows, "uncovered": models_without_worker(rows=rows)})
 
 
-def _period(request) -> tuple[int, datetime]:
+def period_of(request) -> tuple[int, datetime]:
     try:
         days = max(1, min(3650, int(request.GET.get("days", DEFAULT_DAYS))))
     except ValueError:
@@ -68,25 +70,29 @@ def _label(row: dict, group: str) -> str:
 
 @staff_required
 def usage_page(request):
-    group, (days, since) = _group(request), _period(request)
+    group, (days, since) = _group(request), period_of(request)
     rows = usage_totals_by(group=group, since=since)
     for row in rows:
         row["label"] = _label(row, group)
+        row["spend_text"] = format_spend(row["spend"])
     return render(request, "console/usage.html", {
         "rows": rows, "group": group, "group_label": group.replace("_", " "), "page": "usage",
         "groups": [(g, g.replace("_", " ")) for g in GROUPS], "days": days,
-        "raw_only": group in RAW_ONLY_GROUPS,
-        "series": usage_daily_series(since=since),
+        "raw_only": group in RAW_ONLY_GROUPS, "total_spend": format_spend(usage_spend_totals(since=since)),
+        "series": usage_daily_series(since=since), "spend_series": usage_daily_spend(since=since),
         "max_tokens": max([row["total_tokens"] or 0 for row in rows] or [0]) or 1})
 
 
 @staff_required
 def usage_csv(request):
-    group, (days, since) = _group(request), _period(request)
+    group, (days, since) = _group(request), period_of(request)
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="usage-by-{group}-{days}d.csv"'
     writer = csv.writer(response)
-    writer.writerow([group, *TOTAL_COLUMNS])
-    for row in usage_totals_by(group=group, since=since):
-        writer.writerow([csv_cell(_label(row, group)), *(row[column] or 0 for column in TOTAL_COLUMNS)])
+    rows = usage_totals_by(group=group, since=since)
+    currencies = sorted({currency for row in rows for currency in row["spend"]})
+    writer.writerow([group, *TOTAL_COLUMNS, *(f"spend_{currency}" for currency in currencies)])
+    for row in rows:
+        writer.writerow([csv_cell(_label(row, group)), *(row[column] or 0 for column in TOTAL_COLUMNS),
+                         *(to_decimal(row["spend"].get(currency, 0)) for currency in currencies)])
     return response

@@ -2,11 +2,12 @@
 
 from django.contrib import admin
 
+from webapp.audit.admin_mixin import AuditedAdmin
 from webapp.keys.models import ApiKey
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = ("name", "prefix", "owner", "is_revoked", "expires_at", "max_requests_per_minute",
                     "max_tokens_per_minute", "max_concurrent_requests", "token_budget", "fair_share_weight",
                     "tokens_used", "last_used_at")

@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
 from django.db import transaction
 from django.db.models import F
 
+from webapp.billing.budgets import BudgetExceeded, money_reserve, money_settle
 from webapp.keys.limits import SLOT_TTL_S, LimitStoreUnavailable, get_limit_store
 from webapp.keys.models import ApiKey, ChatLimits, TokenReservation
+from webapp.orgs.models import Team
 
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 BUDGET_EXHAUSTED = "budget_exhausted"
@@ -81,9 +84,53 @@ def worst_case_tokens(*, num_prompt_tokens: int, max_tokens: int | None, max_mod
     return max(num_prompt_tokens, max_model_len or DEFAULT_CONTEXT_TOKENS)
 
 
+def _subjects(subject: Subject) -> list:
+    """The subject and what bounds it beside: a team key's team (its rates and concurrency)."""
+    if isinstance(subject, ApiKey) and subject.team_id is not None:
+        return [subject, subject.team]
+    return [subject]
+
+
+@contextmanager
+def _naming(subject):
+    """A team's refusal says it is the team's limit (a key's own says nothing more, as before)."""
+    try:
+        yield
+    except LimitExceeded as exc:
+        if isinstance(subject, Team):
+            exc.message = f"The team {subject.name!r}'s limit: {exc.message}"
+        raise
+
+
+def _undo(subject, request_id: str) -> None:
+    """Give back whatever a refused request took from ``subject`` (each part idempotent)."""
+    store = get_limit_store()
+    requests_name, tokens_name, running_name = _names(subject)
+    store.window_cancel(tokens_name, request_id)
+    store.window_cancel(requests_name, request_id)  # a refused request does not count
+    if subject.max_concurrent_requests is not None:
+        store.slot_release(running_name, request_id)
+    if subject.token_budget is not None:
+        _budget_give_back(subject, request_id, 0)
+
+
 def limits_admit(*, subject: Subject, request_id: str, now: float | None = None) -> None:
-    """Admit one request under the subject's limits; LimitExceeded otherwise."""
+    """Admit one request under the subject's limits, and its team's for a team key; LimitExceeded
+    otherwise (having taken nothing)."""
     now = time.time() if now is None else now
+    admitted = []
+    try:
+        for one in _subjects(subject):
+            with _naming(one):
+                _admit_one(one, request_id, now)
+            admitted.append(one)
+    except (LimitExceeded, LimitStoreUnavailable):
+        for one in admitted:
+            _undo(one, request_id)
+        raise
+
+
+def _admit_one(subject, request_id: str, now: float) -> None:
     store = get_limit_store()
     requests_name, _, running_name = _names(subject)
     if subject.token_budget is not None:
@@ -159,53 +206,73 @@ def _sweep_stale_reservations(subject: Subject, now: float) -> int:
     return len(stale)
 
 
-def limits_reserve(*, subject: Subject, request_id: str, tokens: int, now: float | None = None) -> None:
-    """Hold ``tokens`` (the request's worst case) against the token rate and the budget; on
+def limits_reserve(*, subject: Subject, request_id: str, tokens: int, now: float | None = None,
+                   model_id: int | None = None, num_prompt_tokens: int | None = None) -> None:
+    """Hold ``tokens`` (the request's worst case) against the token rate and the budget of the
+    subject and its team, and the worst case's cost (at ``model_id``'s price; the dearest price
+    when it is not given) against every money budget bounding it (webapp.billing.budgets). On
     refusal (LimitExceeded) the request gives back everything it took at admission too."""
     now = time.time() if now is None else now
     store = get_limit_store()
-    requests_name, tokens_name, _ = _names(subject)
+    subjects = _subjects(subject)
     try:
-        if subject.max_tokens_per_minute is not None:
-            limit = subject.max_tokens_per_minute
-            wait = store.window_reserve(tokens_name, request_id, tokens, limit, now)
-            if wait == math.inf:
-                raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Request too large: it may use {tokens} tokens "
-                                    f"(prompt + max_tokens), more than the limit of {limit} tokens per minute. "
-                                    f"Lower max_tokens or shorten the prompt.", None)
-            if wait is not None:
-                raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: this request may use {tokens} "
-                                    f"tokens and the limit is {limit} tokens per minute.", _seconds(wait))
-        if subject.token_budget is not None and not _budget_reserve(subject, request_id, tokens, now):
-            if not (_sweep_stale_reservations(subject, now) and _budget_reserve(subject, request_id, tokens, now)):
-                row = type(subject).objects.filter(pk=subject.pk).values("tokens_used", "tokens_reserved").first()
-                left = max(0, subject.token_budget - row["tokens_used"] - row["tokens_reserved"])
-                raise LimitExceeded(BUDGET_EXHAUSTED, f"This request may use {tokens} tokens (prompt + max_tokens) "
-                                    f"and {left} of the token budget of {subject.token_budget} are free"
-                                    + (f" ({row['tokens_reserved']} held by running requests)."
-                                       if row["tokens_reserved"] else ". Lower max_tokens."), None)
+        for one in subjects:
+            with _naming(one):
+                _reserve_one(one, request_id, tokens, now)
+        try:
+            money_reserve(subject=subject, request_id=request_id, tokens=tokens, model_id=model_id,
+                          num_prompt_tokens=num_prompt_tokens, now=_utc(now), lease=store.lease,
+                          alive=store.processes_alive, max_age_s=SLOT_TTL_S)
+        except BudgetExceeded as exc:
+            raise LimitExceeded(BUDGET_EXHAUSTED, exc.message, None) from exc
     except (LimitExceeded, LimitStoreUnavailable):
-        store.window_cancel(tokens_name, request_id)
-        store.window_cancel(requests_name, request_id)  # a refused request does not count
-        if subject.max_concurrent_requests is not None:
-            store.slot_release(_names(subject)[2], request_id)
+        for one in subjects:
+            _undo(one, request_id)
         raise
 
 
-def limits_release(*, subject: Subject, request_id: str, tokens: int = 0) -> None:
-    """The request ended (or was refused): free its slot, settle its real ``tokens``. Idempotent
-    for the slot and the reservation; the tokens are charged by each call (make one). The limit
-    store unreachable, it still returns (the store defers the slot and the window, logging a
-    warning) and the budget, in the database, is settled all the same."""
+def _reserve_one(subject, request_id: str, tokens: int, now: float) -> None:
     store = get_limit_store()
-    _, tokens_name, running_name = _names(subject)
+    _, tokens_name, _ = _names(subject)
+    if subject.max_tokens_per_minute is not None:
+        limit = subject.max_tokens_per_minute
+        wait = store.window_reserve(tokens_name, request_id, tokens, limit, now)
+        if wait == math.inf:
+            raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Request too large: it may use {tokens} tokens "
+                                f"(prompt + max_tokens), more than the limit of {limit} tokens per minute. "
+                                f"Lower max_tokens or shorten the prompt.", None)
+        if wait is not None:
+            raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: this request may use {tokens} "
+                                f"tokens and the limit is {limit} tokens per minute.", _seconds(wait))
+    if subject.token_budget is not None and not _budget_reserve(subject, request_id, tokens, now):
+        if not (_sweep_stale_reservations(subject, now) and _budget_reserve(subject, request_id, tokens, now)):
+            row = type(subject).objects.filter(pk=subject.pk).values("tokens_used", "tokens_reserved").first()
+            left = max(0, subject.token_budget - row["tokens_used"] - row["tokens_reserved"])
+            raise LimitExceeded(BUDGET_EXHAUSTED, f"This request may use {tokens} tokens (prompt + max_tokens) "
+                                f"and {left} of the token budget of {subject.token_budget} are free"
+                                + (f" ({row['tokens_reserved']} held by running requests)."
+                                   if row["tokens_reserved"] else ". Lower max_tokens."), None)
+
+
+def limits_release(*, subject: Subject, request_id: str, tokens: int = 0, cost_nanos: int = 0,
+                   currency: str = "") -> None:
+    """The request ended (or was refused): free its slots (the subject's and its team's), settle its
+    real ``tokens`` and its cost (``cost_nanos`` in ``currency``, charged to the money budgets
+    bounding it). Idempotent for the slots and the reservations; the tokens and the cost are
+    charged by each call (make one). The limit store unreachable, it still returns (the store
+    defers the slot and the window, logging a warning) and the budgets, in the database, are
+    settled all the same."""
+    store = get_limit_store()
     try:
-        if subject.max_concurrent_requests is not None:
-            store.slot_release(running_name, request_id)
-        if subject.max_tokens_per_minute is not None:
-            store.window_settle(tokens_name, request_id, tokens)
+        for one in _subjects(subject):
+            _, tokens_name, running_name = _names(one)
+            if one.max_concurrent_requests is not None:
+                store.slot_release(running_name, request_id)
+            if one.max_tokens_per_minute is not None:
+                store.window_settle(tokens_name, request_id, tokens)
     finally:
         _budget_give_back(subject, request_id, tokens)
+        money_settle(subject=subject, request_id=request_id, cost_nanos=cost_nanos, currency=currency)
 
 
 def limits_running_requests(*, subject: Subject) -> int:
@@ -228,8 +295,10 @@ def apikey_admit(*, api_key: ApiKey, request_id: str, now: float | None = None) 
     limits_admit(subject=api_key, request_id=request_id, now=now)
 
 
-def apikey_reserve(*, api_key: ApiKey, request_id: str, tokens: int, now: float | None = None) -> None:
-    limits_reserve(subject=api_key, request_id=request_id, tokens=tokens, now=now)
+def apikey_reserve(*, api_key: ApiKey, request_id: str, tokens: int, now: float | None = None,
+                   model_id: int | None = None, num_prompt_tokens: int | None = None) -> None:
+    limits_reserve(subject=api_key, request_id=request_id, tokens=tokens, now=now, model_id=model_id,
+                   num_prompt_tokens=num_prompt_tokens)
 
 
 def apikey_release(*, api_key: ApiKey, request_id: str, tokens: int = 0, now: float | None = None) -> None:

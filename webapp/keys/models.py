@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models as m
 
+from webapp.orgs.models import Team
 from webapp.registry.models import Adapter, Model
 
 # The engine's fair share across users (engine/tenancy.py): a user whose key (or chat limits) has
@@ -32,6 +33,9 @@ def fair_share_weight_field() -> m.FloatField:
 class ApiKey(m.Model):  # `m`: the field below is called `models`
     name = m.CharField(max_length=200)
     owner = m.ForeignKey(settings.AUTH_USER_MODEL, on_delete=m.CASCADE, related_name="api_keys")
+    # A team's key (its owner is who made it): the team's models, limits and budgets bound it too.
+    # None: the owner's own key. PROTECT: webapp.orgs.services.team_delete revokes and detaches first.
+    team = m.ForeignKey(Team, on_delete=m.PROTECT, null=True, blank=True, related_name="api_keys")
     prefix = m.CharField(max_length=16, db_index=True)  # shown in lists: "pgd-AbCd1234"
     key_hash = m.CharField(max_length=64, unique=True)  # sha256 hex of the whole key
     # Models and LoRA adapters the key may call; none of either means every model and adapter.

@@ -12,7 +12,7 @@ from webapp.registry.models import Adapter, Model
 
 def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
     """The key with this secret if it exists, is not revoked, has not expired and its owner is active."""
-    api_key = ApiKey.objects.select_related("owner").filter(key_hash=hash_key(raw_key)).first()
+    api_key = ApiKey.objects.select_related("owner", "team__organisation").filter(key_hash=hash_key(raw_key)).first()
     if api_key is None or api_key.is_revoked or not api_key.owner.is_active:
         return None
     if api_key.expires_at is not None and api_key.expires_at <= timezone.now():
@@ -21,15 +21,26 @@ def apikey_get_usable(*, raw_key: str) -> ApiKey | None:
 
 
 def apikey_allows_model(*, api_key: ApiKey, model: Model) -> bool:
-    """An empty scope (no model, no adapter) means every model."""
+    """An empty scope (no model, no adapter) means every model; a team key is within its team's
+    models too."""
     scoped = set(api_key.models.values_list("pk", flat=True))
-    return model.pk in scoped or not (scoped or api_key.adapters.exists())
+    return (model.pk in scoped or not (scoped or api_key.adapters.exists())) and _team_allows(api_key, model)
 
 
 def apikey_allows_adapter(*, api_key: ApiKey, adapter: Adapter) -> bool:
-    """A LoRA adapter is scoped like a model: named in the key's scope, or the scope is empty."""
-    return (api_key.adapters.filter(pk=adapter.pk).exists()
-            or not (api_key.adapters.exists() or api_key.models.exists()))
+    """A LoRA adapter is scoped like a model: named in the key's scope, or the scope is empty; a
+    team key's adapters are those of its team's models."""
+    return ((api_key.adapters.filter(pk=adapter.pk).exists()
+             or not (api_key.adapters.exists() or api_key.models.exists()))
+            and _team_allows(api_key, adapter.base))
+
+
+def _team_allows(api_key: ApiKey, model: Model) -> bool:
+    """A team's key: the team's models (none: every model). Another key: every model."""
+    if api_key.team_id is None:
+        return True
+    scoped = set(api_key.team.models.values_list("pk", flat=True))
+    return not scoped or model.pk in scoped
 
 
 def apikey_list_for_owner(*, owner) -> QuerySet[ApiKey]:

@@ -189,7 +189,8 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         apikey_reserve(api_key=api_key, request_id=request_id, tokens=max(
                 values.get("n") or 1, values.get("best_of") or 1) * worst_case_tokens(
             num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
-            max_model_len=served_max_model_len(version, tokenizer)))
+            max_model_len=served_max_model_len(version, tokenizer)),
+            model_id=version.model_id, num_prompt_tokens=len(prompt_ids))  # and its cost, against money budgets
     except PriorityNotAllowed as exc:
         raise errors.invalid_parameter("priority", str(exc)) from exc
     except LimitExceeded as exc:

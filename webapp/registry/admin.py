@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 
+from webapp.audit.admin_mixin import AuditedAdmin
 from webapp.registry.models import Model, ModelVersion
 
 
@@ -13,14 +14,14 @@ class ModelVersionInline(admin.TabularInline):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = ("slug", "name", "created_at")
     search_fields = ("slug", "name")
     inlines = [ModelVersionInline]
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(admin.ModelAdmin):
+class ModelVersionAdmin(AuditedAdmin, admin.ModelAdmin):
     list_display = ("model", "number", "format", "status", "path", "activated_at")
     list_filter = ("status", "format")
     readonly_fields = ("tokenizer_dir", "error", "step", "progress", "validation", "created_at",

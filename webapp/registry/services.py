@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from workers.schema import BUNDLED_MODELS, CONVERT_DTYPES, DEFAULT_BUNDLED_MODEL, ModelLoadError
 from workers.schema import bundled_model_path as engine_bundled_path
+from webapp.audit.services import audit_record
 from webapp.registry.engine_settings import validate_engine_settings
 from webapp.registry.models import Model, ModelVersion
 from webapp.registry.uploads import move_into_place, unpack_upload
@@ -167,7 +168,10 @@ def modelversion_delete(*, version: ModelVersion) -> None:
         uploads_root = (Path(settings.MEDIA_ROOT) / "models").resolve()
         if uploads_root in upload_dir.parents and (stored == upload_dir or upload_dir in stored.parents):
             doomed.append(upload_dir)
-    version.delete()
+    with transaction.atomic():
+        audit_record(action="modelversion.delete", target=version, before={"path": version.path,
+                                                                           "status": version.status})
+        version.delete()
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -235,8 +239,11 @@ def modelversion_activate(*, version: ModelVersion) -> ModelVersion:
         Model.objects.select_for_update().get(pk=version.model_id)
         (ModelVersion.objects.filter(model_id=version.model_id, status=ModelVersion.Status.ACTIVE)
          .exclude(pk=version.pk).update(status=ModelVersion.Status.INACTIVE))
+        before = version.status
         version.status, version.activated_at = ModelVersion.Status.ACTIVE, timezone.now()
         version.save(update_fields=["status", "activated_at"])
+        audit_record(action="modelversion.activate", target=version, before={"status": before},
+                     after={"status": version.status})
         _serve_after_commit(version.model.slug)
     return version
 
@@ -250,8 +257,11 @@ def modelversion_deactivate(*, version: ModelVersion) -> ModelVersion:
         if version.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.FAILED):
             raise ValidationError(f"{version} is {version.status}; there is nothing to deactivate",
                                   code="version_not_active")
+        before = version.status
         version.status = ModelVersion.Status.INACTIVE
         version.save(update_fields=["status"])
+        audit_record(action="modelversion.deactivate", target=version, before={"status": before},
+                     after={"status": version.status})
         if was_active:
             _serve_after_commit(version.model.slug)
     return version
@@ -266,9 +276,12 @@ def modelversion_update_settings(*, version: ModelVersion, engine_settings: dict
     engine_settings = validate_engine_settings(engine_settings)
     with transaction.atomic():
         Model.objects.select_for_update().get(pk=version.model_id)
-        version.refresh_from_db(fields=["status"])
+        version.refresh_from_db(fields=["status", "engine_settings"])
+        before = version.engine_settings
         version.engine_settings = engine_settings
         version.save(update_fields=["engine_settings"])
+        audit_record(action="modelversion.settings", target=version, before={"engine_settings": before},
+                     after={"engine_settings": engine_settings})
         if version.status == ModelVersion.Status.ACTIVE:
             _serve_after_commit(version.model.slug)
     return version

@@ -1,10 +1,11 @@
 from django.contrib import admin
 
+from webapp.audit.admin_mixin import AuditedAdmin
 from webapp.sharing.models import SharedConversation, SharingSettings
 
 
 @admin.register(SharingSettings)
-class SharingSettingsAdmin(admin.ModelAdmin):
+class SharingSettingsAdmin(AuditedAdmin, admin.ModelAdmin):
     """One row (pk 1), the one selectors read; also editable at /shared/settings."""
 
     list_display = ("__str__", "allow_anonymous", "updated_at")

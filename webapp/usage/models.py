@@ -11,7 +11,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from webapp.billing.models import Price
 from webapp.keys.models import ApiKey
+from webapp.orgs.models import Organisation, Team
 from webapp.registry.models import Model, ModelVersion
 
 # The request ids of chat turns (the API's are "chatcmpl-..." and "cmpl-..."): a record with no key
@@ -57,6 +59,17 @@ class UsageRecord(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     # The process that runs the request (webapp.keys.leases.process_id), while it is running.
     process_id = models.CharField(max_length=128, blank=True)
+    # A team key's team and organisation, their names kept when they are deleted.
+    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
+    team_name = models.CharField(max_length=200, blank=True)
+    organisation = models.ForeignKey(Organisation, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="usage")
+    organisation_name = models.CharField(max_length=200, blank=True)
+    # What it cost (webapp.billing): computed once when it ends, at the price in force when it was
+    # admitted, in whole nano-units of ``currency`` ("" and 0: its model had no price).
+    cost_nanos = models.BigIntegerField(default=0)
+    currency = models.CharField(max_length=3, blank=True)
+    price = models.ForeignKey(Price, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage")
 
     class Meta:
         ordering = ["-created_at"]
@@ -78,6 +91,10 @@ class UsageDaily(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                              related_name="daily_usage")
     model_slug = models.CharField(max_length=200, blank=True)  # the registry slug, else the name asked for
+    team_name = models.CharField(max_length=200, blank=True)
+    organisation_name = models.CharField(max_length=200, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    cost_nanos = models.BigIntegerField(default=0)
     requests = models.PositiveIntegerField(default=0)  # ended ones: a running record waits for its end
     errors = models.PositiveIntegerField(default=0)  # every status but ok
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -87,8 +104,9 @@ class UsageDaily(models.Model):
     class Meta:
         ordering = ["-day", "model_slug"]
         verbose_name_plural = "usage daily totals"
-        constraints = [models.UniqueConstraint(fields=["day", "api_key", "user", "model_slug"],
-                                               name="usage_daily_one_row_per_day_key_user_model")]
+        constraints = [models.UniqueConstraint(
+            fields=["day", "api_key", "user", "model_slug", "team_name", "organisation_name", "currency"],
+            name="usage_daily_one_row_per_day_key_user_model_team_currency")]
 
     def __str__(self) -> str:
         return f"{self.day} {self.model_slug} {self.requests} requests"

@@ -14,6 +14,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
+from webapp.billing.pricing import record_charge
 from webapp.keys.enforcement import limits_release
 from webapp.keys.limits import get_limit_store
 from webapp.monitoring.metrics import observe_api_request
@@ -38,13 +39,16 @@ def usage_record_build(*, request_id: str, endpoint: str, status: str, latency: 
                        time_to_first_token: float | None = None, finish_reason: str | None = None,
                        error_code: str | None = None, end_user: str = "", process_id: str = "") -> UsageRecord:
     """A validated usage record, not yet saved (webapp.usage.group_commit saves many at once)."""
+    team = api_key.team if api_key is not None and api_key.team_id is not None else None
     record = UsageRecord(
         api_key=api_key, user=user, model=model, version=version, model_name=model_name, end_user=end_user,
+        team=team, team_name=team.name if team else "", organisation=team.organisation if team else None,
+        organisation_name=team.organisation.name if team else "",
         request_id=request_id, endpoint=endpoint, prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
         time_to_first_token=time_to_first_token, latency=latency, status=status,
         finish_reason=finish_reason or "", error_code=error_code or "", process_id=process_id)
-    record.full_clean(exclude=["api_key", "user", "model", "version"])  # links were just loaded
+    record.full_clean(exclude=["api_key", "user", "model", "version", "team", "organisation", "price"])  # just loaded
     return record
 
 
@@ -70,22 +74,36 @@ def usage_status(*, outcome: Outcome, aborted: bool = False, error_code: str | N
     return UsageRecord.Status.OK
 
 
+def _charge(fields: dict, model_id: int | None, at) -> dict:
+    """The record's cost fields for its final counts, at the price in force at ``at`` (its start)."""
+    return record_charge(model_id=model_id, at=at, prompt_tokens=fields["prompt_tokens"],
+                         cached_prompt_tokens=fields.get("cached_prompt_tokens") or 0,
+                         completion_tokens=fields["completion_tokens"])
+
+
 def usage_record_close(*, request_id: str, fields: dict, subject=None, record: dict | None = None) -> bool:
-    """End a request's ``running`` record with ``fields`` and charge its tokens to ``subject`` (an
-    ApiKey or ChatLimits: its slot freed, its reservation settled), in one transaction; False, and
-    nothing charged, when the record has ended already (whoever ends it charges it, once).
+    """End a request's ``running`` record with ``fields`` and its cost (webapp.billing, computed
+    here once) and charge its tokens and cost to ``subject`` (an ApiKey or ChatLimits: its slot
+    freed, its reservations settled), in one transaction; False, and nothing charged, when the
+    record has ended already (whoever ends it charges it, once).
     Without a running record (one started before this version of Pagoda ran), ``record`` holds
     the rest of usage_record_build's fields and a finished one is written."""
     with transaction.atomic():
-        closed = UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING).update(
-            **fields, process_id="")
+        running = UsageRecord.objects.filter(request_id=request_id, status=UsageRecord.Status.RUNNING)
+        started = running.values("model_id", "created_at").first()
+        charge = _charge(fields, started["model_id"], started["created_at"]) if started else None
+        closed = started is not None and running.update(**fields, **charge, process_id="")
         if not closed:
             if record is None or UsageRecord.objects.filter(request_id=request_id).exists():
                 return False
+            model = record.get("model")
+            charge = _charge(fields, model.pk if model else None, timezone.now())
             usage_record_create(request_id=request_id, **record, **fields)
+            UsageRecord.objects.filter(request_id=request_id).update(**charge)
         if subject is not None:
             limits_release(subject=subject, request_id=request_id,
-                           tokens=fields["prompt_tokens"] + fields["completion_tokens"])
+                           tokens=fields["prompt_tokens"] + fields["completion_tokens"],
+                           cost_nanos=charge["cost_nanos"], currency=charge["currency"])
     created = UsageRecord.objects.filter(request_id=request_id).values_list("created_at", flat=True).first()
     if created is not None and created < _day_bounds(timezone.now().date())[0]:
         usage_rollup_day(day=created.date())  # it began before midnight (UTC): its day's roll-up changed
@@ -149,16 +167,19 @@ def usage_rollup_day(*, day: date) -> list[UsageDaily]:
         status=UsageRecord.Status.RUNNING)
     if not records.exists():
         return list(UsageDaily.objects.filter(day=day))
-    groups = (records.annotate(slug=Coalesce("model__slug", "model_name")).values("api_key", "user", "slug")
+    groups = (records.annotate(slug=Coalesce("model__slug", "model_name"))
+              .values("api_key", "user", "slug", "team_name", "organisation_name", "currency")
               .order_by()
               .annotate(requests=Count("id"), errors=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
                         prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-                        cached_prompt_tokens=Sum("cached_prompt_tokens")))
+                        cached_prompt_tokens=Sum("cached_prompt_tokens"), cost_nanos=Sum("cost_nanos")))
     UsageDaily.objects.filter(day=day).delete()
     return UsageDaily.objects.bulk_create([
         UsageDaily(day=day, api_key_id=g["api_key"], user_id=g["user"], model_slug=g["slug"] or "",
+                   team_name=g["team_name"], organisation_name=g["organisation_name"], currency=g["currency"],
                    requests=g["requests"], errors=g["errors"], prompt_tokens=g["prompt_tokens"],
-                   completion_tokens=g["completion_tokens"], cached_prompt_tokens=g["cached_prompt_tokens"])
+                   completion_tokens=g["completion_tokens"], cached_prompt_tokens=g["cached_prompt_tokens"],
+                   cost_nanos=g["cost_nanos"] or 0)
         for g in groups])
 
 

@@ -31,7 +31,10 @@ INSTALLED_APPS = [
     "webapp.accounts",
     "webapp.monitoring",
     "webapp.registry",
+    "webapp.audit",
+    "webapp.orgs",
     "webapp.keys",
+    "webapp.billing",
     "webapp.usage",
     "webapp.openai_api",
     "webapp.chat",
@@ -50,6 +53,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "webapp.audit.context.AuditContextMiddleware",  # who makes the changes of this request, from where
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]

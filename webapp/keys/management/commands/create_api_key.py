@@ -9,16 +9,17 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
+from webapp.audit.commands import AuditedCommand
 from webapp.keys.services import apikey_create
 from webapp.registry.models import Model
 
 SERVICE_USERNAME = "pagoda"
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create an API key and print it (last line of the output)."
 
     def add_arguments(self, parser):

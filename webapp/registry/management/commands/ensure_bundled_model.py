@@ -4,12 +4,13 @@ Idempotent: a second run finds the same version and changes nothing. `make run` 
 """
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from webapp.audit.commands import AuditedCommand
 from webapp.registry.services import bundled_model_ensure
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Register and activate the bundled SmolLM2 model as 'smollm2' (idempotent)."
 
     def handle(self, *args, **options):

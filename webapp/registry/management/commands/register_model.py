@@ -7,12 +7,13 @@ SLUG (created when new), exports its tokenizer and, unless --no-activate, activa
 import json
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from webapp.audit.commands import AuditedCommand
 from webapp.registry.services import model_register
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Register (and activate) a model checkpoint on this machine under a slug."
 
     def add_arguments(self, parser):
