@@ -50,5 +50,9 @@ window.PagodaSidebar = (function () {
     if (window.PagodaDrawer) window.PagodaDrawer.close();
   }));
 
+  // Import: the chosen export is sent at once (the server recreates its conversations, or says why not).
+  const importFile = $("import-file");
+  if (importFile) importFile.addEventListener("change", () => { if (importFile.files.length) $("import-form").submit(); });
+
   return { markRunning, addSidebarEntry };
 })();
