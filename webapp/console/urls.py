@@ -1,8 +1,8 @@
-"""The staff console's pages: workers, metrics, usage, jobs, models (one URL per version operation) and keys."""
+"""The staff console's pages: workers, metrics, usage, jobs, models (one URL per version operation), chat defaults and keys."""
 
 from django.urls import path
 
-from webapp.console import jobs, keys_views, metrics_views, model_views, views
+from webapp.console import chat_defaults_views, jobs, keys_views, metrics_views, model_views, views
 
 app_name = "console"
 urlpatterns = [
@@ -24,6 +24,8 @@ urlpatterns = [
          name="version-update-settings"),
     path("models/versions/<int:version_id>/estimate.json", model_views.version_estimate,
          name="version-estimate"),
+    path("chat-defaults/", chat_defaults_views.chat_defaults_page, name="chat-defaults"),
+    path("chat-defaults/<int:model_id>/", chat_defaults_views.chat_defaults_save, name="chat-defaults-save"),
     path("keys/", keys_views.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),
