@@ -127,7 +127,15 @@ def test_every_page_passes_axe_in_both_themes(browser, design_site, scheme, arti
     page.click("details.settings summary")
     found["chat settings"] = axe_violations(page)
     page.screenshot(path=str(artifacts_dir / f"design-chat-settings-{scheme}-desktop.png"))
-    for path in ["/search/?q=sort", "/shared/"] + [f"/console/{name}/" for name in CONSOLE_PAGES]:
+    page.click("details.settings summary")
+    page.click("#share-button")  # the shared links list, with this one new, then the read-only page
+    page.wait_for_url(re.compile(r"/shared/\?created="))
+    found["shared links"] = axe_violations(page)
+    page.goto(page.locator("tr.new input.share-url").input_value())
+    expect(page.locator("#messages .message.assistant pre code")).to_contain_text("sorted(people")
+    found["shared page"] = axe_violations(page)
+    page.screenshot(path=str(artifacts_dir / f"design-shared-{scheme}-desktop.png"))
+    for path in ["/search/?q=sort"] + [f"/console/{name}/" for name in CONSOLE_PAGES]:
         page.goto(url + path)
         page.wait_for_load_state("networkidle")
         found[path] = axe_violations(page)

@@ -142,7 +142,7 @@ def staff(browser, console_site):
     page.fill("#id_password", console_site.admin_password)
     page.click("form [type=submit]")
     page.wait_for_url(f"{console_site.url}/console/models/")
-    expect(page.locator("nav .who")).to_have_text(console_site.admin_username)
+    expect(page.locator("#sidebar .account .who")).to_have_text(console_site.admin_username)
     yield page, watch
     context.close()
 
