@@ -36,6 +36,7 @@
   const viewport = window.visualViewport;
   if (viewport) {
     const fit = () => {
+      if (Math.abs(viewport.scale - 1) > 0.01) return;  // pinch-zoomed: the layout stays as it is
       const stick = nearBottom();
       document.documentElement.style.setProperty("--app-height", `${Math.round(viewport.height)}px`);
       if (viewport.offsetTop > 0 && document.activeElement === promptEl) window.scrollTo(0, 0);

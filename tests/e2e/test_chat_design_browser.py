@@ -155,9 +155,9 @@ def test_a_new_chat_starts_from_the_models_shipped_defaults_and_says_so(browser,
     source = lambda field: page.locator(f"#{field}-source")  # noqa: E731
     expect(page.locator("#temperature")).to_have_value("0.3")  # shipped for smollm2 by the data migration
     expect(source("temperature")).to_have_text("model default")
-    expect(source("repetition-penalty")).to_have_text("model default")
+    expect(source("top-p")).to_have_text("model default")
     expect(source("system-prompt")).to_have_text("model default")
-    expect(page.locator("#system-prompt")).to_have_value(re.compile("^You are a helpful assistant"))
+    expect(page.locator("#system-prompt")).to_have_value(re.compile("^You are a helpful AI assistant named SmolLM"))
     expect(source("top-k")).to_have_text("engine default")
     page.fill("#temperature", "0.8")
     expect(source("temperature")).to_have_text("your setting")

@@ -59,6 +59,11 @@ def test_staff_edit_the_defaults_in_the_console_within_the_apis_limits():
     assert defaults.system_prompt == "Be terse."
     assert "Chat defaults of smollm2 saved." in response.content.decode()
 
+
+def test_a_value_outside_the_apis_limits_changes_nothing():
+    client = staff_client()
+    model = Model.objects.create(slug="smollm2")
+    client.post(f"/console/chat-defaults/{model.pk}/", {"temperature": "0.5", "system_prompt": "Be terse."})
     refused = client.post(f"/console/chat-defaults/{model.pk}/", {"temperature": "9", "system_prompt": "x"},
                           follow=True).content.decode()
     assert "not changed: temperature must be" in refused

@@ -1,8 +1,11 @@
 """The chat defaults Pagoda ships for its bundled model (staff change them in the console).
 
-At temperature 1, the API's default, the 135M SmolLM2 rambles and drifts off topic; at 0.3 with
-a plain system prompt, a mild repetition penalty and a 512-token cap it answers short questions
-on point. Applied by the data migration chat 0006 to a site that already has the model, and by
+At temperature 1, the API's default, the 135M SmolLM2 rambles and drifts off topic; at 0.3 (top p
+0.9, 512 tokens at most) it stays on point. The system prompt is the one its chat template adds when
+a conversation has none, the one it was tuned with: now shown in the settings panel and editable,
+with the same tokens as before (greedy answers and the prefix cache are unchanged). No repetition
+penalty: it counts the prompt's tokens too, and pushed the model off quoting an attached document
+(tests/e2e/test_chat_documents_browser.py failed with 1.1). Applied by the data migration chat 0006 to a site that already has the model, and by
 ``defaults_ship`` when the model is registered later (``make run``'s ensure_bundled_model runs
 after migrate on a fresh site); never over defaults staff have set.
 """
@@ -11,8 +14,8 @@ from __future__ import annotations
 
 SHIPPED = {
     "smollm2": {
-        "sampling": {"temperature": 0.3, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 512},
-        "system_prompt": "You are a helpful assistant. Answer briefly and plainly, and say so when you do not know.",
+        "sampling": {"temperature": 0.3, "top_p": 0.9, "max_tokens": 512},
+        "system_prompt": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
     },
 }
 
