@@ -30,6 +30,22 @@
     if (stick) messagesEl.scrollTop = messagesEl.scrollHeight; // else the reader's position stays
   }
 
+  // A phone's on-screen keyboard shrinks the visual viewport, not always the layout (iOS): the
+  // page takes the visual viewport's height (--app-height, chat.css), so the composer stays just
+  // above the keyboard and the last message in view.
+  const viewport = window.visualViewport;
+  if (viewport) {
+    const fit = () => {
+      if (Math.abs(viewport.scale - 1) > 0.01) return;  // pinch-zoomed: the layout stays as it is
+      const stick = nearBottom();
+      document.documentElement.style.setProperty("--app-height", `${Math.round(viewport.height)}px`);
+      if (viewport.offsetTop > 0 && document.activeElement === promptEl) window.scrollTo(0, 0);
+      if (stick) messagesEl.scrollTop = messagesEl.scrollHeight;
+    };
+    viewport.addEventListener("resize", fit);
+    fit();
+  }
+
   // ---------------------------------------------------------------- messages
   function setAssistantBody(body, text) {
     body.innerHTML = renderMarkdown(text);

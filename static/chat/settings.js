@@ -1,6 +1,8 @@
 // The chat page's settings panel: every sampling parameter of the API, system prompt presets
 // (everyone's from staff, and the user's own, saved over the socket) and staff's per-model
-// defaults. The server checks every value against the API's limits; the inputs only help.
+// defaults. The server checks every value against the API's limits; the inputs only help. Under
+// each value the panel says where it comes from: the model's default (staff's, console "Chat
+// defaults"), your setting, the page's or the engine's default.
 window.PagodaSettings = function (state, sendFrame) {
   "use strict";
   const $ = (id) => document.getElementById(id);
@@ -10,6 +12,42 @@ window.PagodaSettings = function (state, sendFrame) {
   inputs.forEach((el) => { pageDefaults[el.dataset.param] = el.value; });
   const presetEl = $("preset"), systemEl = $("system-prompt"), modelEl = $("model");
   let presets = state.presets || [];
+
+  // ---- where each value comes from
+  const SOURCES = { model: "model default", yours: "your setting", page: "page default", engine: "engine default",
+                    none: "none" };
+  const sourceEls = new Map();
+  [...inputs, systemEl].forEach((el) => {
+    const tag = document.createElement("span");
+    tag.className = "source";
+    tag.id = `${el.id}-source`;
+    el.after(tag);
+    el.setAttribute("aria-describedby", tag.id);
+    sourceEls.set(el, tag);
+  });
+  const same = (a, b) => (a === "" || b === "" || isNaN(Number(a)) ? String(a) === String(b) : Number(a) === Number(b));
+  function sourceOf(el) {
+    const defaults = (state.defaults || {})[modelEl.value] || {};
+    if (el === systemEl) {
+      if (defaults.system_prompt && el.value === defaults.system_prompt) return "model";
+      return el.value.trim() ? "yours" : "none";
+    }
+    const param = el.dataset.param, fromModel = (defaults.sampling || {})[param];
+    const given = Array.isArray(fromModel) ? fromModel.join("\n") : fromModel;
+    if (given !== undefined && given !== null && same(el.value, given)) return "model";
+    if (el.value === "") return "engine";
+    if (pageDefaults[param] !== "" && same(el.value, pageDefaults[param])) return "page";
+    return "yours";
+  }
+  function showSources() {
+    sourceEls.forEach((tag, el) => {
+      const source = sourceOf(el);
+      tag.className = `source ${source}`;
+      tag.dataset.source = source;
+      tag.textContent = SOURCES[source];
+    });
+  }
+  [...inputs, systemEl].forEach((el) => el.addEventListener("input", showSources));
 
   function fill(sampling) {
     inputs.forEach((el) => {
@@ -51,6 +89,7 @@ window.PagodaSettings = function (state, sendFrame) {
     const preset = presets.find((p) => String(p.id) === presetEl.value);
     if (preset) systemEl.value = preset.text;
     renderPresets();
+    showSources();
   });
   $("preset-save").addEventListener("click", () => {
     const current = presets.find((p) => String(p.id) === presetEl.value);
@@ -60,7 +99,7 @@ window.PagodaSettings = function (state, sendFrame) {
   $("preset-delete").addEventListener("click", () => {
     if (presetEl.value) sendFrame({ type: "preset_delete", id: Number(presetEl.value) });
   });
-  modelEl.addEventListener("change", () => { if (!state.conversation) applyModelDefaults(); });
+  modelEl.addEventListener("change", () => { if (!state.conversation) applyModelDefaults(); showSources(); });
 
   // A refused setting: the panel opens on the field the server named.
   function showError(msg) {
@@ -81,6 +120,7 @@ window.PagodaSettings = function (state, sendFrame) {
   applyModelDefaults();
   if (state.conversation) fill(state.sampling || {});
   renderPresets();
+  showSources();
   return {
     collect, showError, clearError,
     onPresets(msg) { presets = msg.presets; renderPresets(); const last = presets.find((p) => !p.shared && p.text === systemEl.value); if (last) { presetEl.value = String(last.id); renderPresets(); } },

@@ -1,5 +1,5 @@
 // The sidebar's list of conversations: the mark of an answer in progress, a new conversation's
-// entry, and the rename / delete forms.
+// entry, the rename / delete forms, and the drawer's settings and documents entries.
 window.PagodaSidebar = (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
@@ -37,6 +37,22 @@ window.PagodaSidebar = (function () {
   document.querySelectorAll(".delete-form").forEach((form) => form.addEventListener("submit", (event) => {
     if (!confirm("Delete this conversation?")) event.preventDefault();
   }));
+
+  // The drawer's entries for what a phone's toolbar has no room for: the settings, attaching documents.
+  const settingsEntry = $("drawer-settings");
+  if (settingsEntry) settingsEntry.addEventListener("click", () => {
+    if (window.PagodaDrawer) window.PagodaDrawer.close();
+    const panel = document.querySelector("details.settings");
+    panel.open = true;
+    panel.querySelector(".settings-panel select, .settings-panel input, .settings-panel textarea").focus();
+  });
+  document.querySelectorAll('label.side-link[for="attach"]').forEach((label) => label.addEventListener("click", () => {
+    if (window.PagodaDrawer) window.PagodaDrawer.close();
+  }));
+
+  // Import: the chosen export is sent at once (the server recreates its conversations, or says why not).
+  const importFile = $("import-file");
+  if (importFile) importFile.addEventListener("change", () => { if (importFile.files.length) $("import-form").submit(); });
 
   return { markRunning, addSidebarEntry };
 })();

@@ -1,27 +1,50 @@
 // The console's time-series charts, drawn with uPlot (static/vendor/uplot/).
 // Workers page (#metric-charts): metric snapshots from metrics.json for one model over the last
 // hour or day, refreshed every sampling interval. Usage page (#usage-chart): tokens per day and
-// model, from the JSON the page embeds (#usage-series-data); and spend per day and currency (#spend-chart).
+// model, from the JSON the page embeds (#usage-series-data); and spend per day and currency
+// (#spend-chart). Colours are the theme's tokens (--chart-1.., --chart-axis, --chart-grid in
+// static/tokens.css), read when a chart is drawn; a change of theme ("pagoda:theme",
+// static/theme.js) draws every chart again.
 (function () {
   "use strict";
-  const COLORS = ["#4a78c2", "#d9534f", "#5cb85c", "#f0ad4e", "#8e44ad", "#16a085", "#7f8c8d", "#c0392b"];
+  const NUM_COLORS = 7;
   const HEIGHT = 220;
+  const drawn = new Set();  // the chart elements, to draw again in the other theme
+
+  // A token's colour as the canvas needs it: custom properties hold light-dark(...), so the
+  // browser resolves it on a probe element.
+  const probe = document.createElement("span");
+  function token(name) {
+    if (!probe.isConnected) { probe.hidden = true; document.body.appendChild(probe); }
+    probe.style.color = `var(${name})`;
+    return getComputedStyle(probe).color;
+  }
+  const seriesColor = (index) => token(`--chart-${(index % NUM_COLORS) + 1}`);
+  function themed(opts) {
+    const axis = token("--chart-axis"), grid = token("--chart-grid");
+    const style = { stroke: axis, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } };
+    const axes = (opts.axes || [{}, {}]).map((a) => Object.assign({}, style, a));
+    return Object.assign({}, opts, { axes });
+  }
 
   const fixed = (digits) => (u, v) => (v === null || v === undefined ? "–" : v.toFixed(digits));
   const width = (el) => Math.max(300, el.clientWidth || 600);
 
   function lineSeries(label, index, valueDigits, dash) {
-    return { label, stroke: COLORS[index % COLORS.length], width: 1.5, dash, value: fixed(valueDigits),
-             points: { show: false } };
+    return { label, colorIndex: index, width: 1.5, dash, value: fixed(valueDigits), points: { show: false } };
   }
 
   // Replace a chart: uPlot needs its series fixed at creation, and they differ by model and window.
   function draw(el, series, data, opts) {
     if (el._plot) el._plot.destroy();
     el.replaceChildren();
-    el._plot = new uPlot(Object.assign({ width: width(el), height: HEIGHT, series: [{}].concat(series),
-                                         legend: { live: true } }, opts || {}), data, el);
+    el._drawn = [series, data, opts];
+    drawn.add(el);
+    const colored = series.map((s) => Object.assign({}, s, { stroke: seriesColor(s.colorIndex) }));
+    el._plot = new uPlot(themed(Object.assign({ width: width(el), height: HEIGHT, series: [{}].concat(colored),
+                                                legend: { live: true } }, opts || {})), data, el);
   }
+  window.addEventListener("pagoda:theme", () => drawn.forEach((el) => { if (el._plot) draw(el, ...el._drawn); }));
 
   // Buckets without samples become a null point, so uPlot draws a gap instead of a straight line.
   function withGaps(model, bucketS, fields) {

@@ -50,6 +50,18 @@ def redis_site(tmp_path_factory, tiny_llama_dir, redis_server):
         site.stop()
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's, driven by Playwright; never `playwright install`)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield browser
+        browser.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_llama_dir):
     """The engine's tokenizer of the tiny model: the reference for prompt token counts."""

@@ -1,9 +1,9 @@
-"""The staff console's pages: workers, metrics, usage, jobs, models (one URL per version operation) and keys."""
+"""The staff console's pages: workers, metrics, usage, jobs, models (one URL per version operation), chat defaults and keys."""
 
 from django.urls import path
 
-from webapp.console import (adapter_views, audit_views, billing_views, jobs, keys_views, metrics_views,
-                            model_views, org_views, views)
+from webapp.console import (adapter_views, audit_views, billing_views, chat_defaults_views, jobs, keys_views,
+                            metrics_views, model_views, org_views, views)
 
 app_name = "console"
 urlpatterns = [
@@ -29,6 +29,8 @@ urlpatterns = [
          name="version-estimate"),
     path("models/adapters/", adapter_views.adapter_upload_view, name="adapter-upload"),
     path("models/adapters/<int:adapter_id>/toggle/", adapter_views.adapter_toggle, name="adapter-toggle"),
+    path("chat-defaults/", chat_defaults_views.chat_defaults_page, name="chat-defaults"),
+    path("chat-defaults/<int:model_id>/", chat_defaults_views.chat_defaults_save, name="chat-defaults-save"),
     path("keys/", keys_views.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", keys_views.key_revoke, name="key-revoke"),
     path("keys/<int:key_id>/limits/", keys_views.key_limits, name="key-limits"),
