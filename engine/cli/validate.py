@@ -34,16 +34,18 @@ def check_weights(path: Path, config: ModelConfig, report: Report) -> int:
     model built on the meta device, so nothing is allocated); returns the element count."""
     import torch
 
+    from engine.layers.linear import ShapeMismatchError
     from engine.models.loader import iter_weights, load_weights
     from engine.models.registry import model_class
 
     with torch.device("meta"):
         model = model_class(config.architecture)(config)
     weights = iter_weights(path, config)
-    total, count = max(1, len(weights)), [0, 0]
+    total, count, last = max(1, len(weights)), [0, 0], [""]
 
     def counted():
         for name, tensor in weights:
+            last[0] = name
             count[0] += 1
             count[1] += tensor.numel()
             if count[0] * 20 // total != (count[0] - 1) * 20 // total:  # about 20 progress lines
@@ -54,6 +56,11 @@ def check_weights(path: Path, config: ModelConfig, report: Report) -> int:
         load_weights(model, counted())
     except KeyError as exc:  # a tensor without a place, or places without a tensor
         raise EngineError(f"{exc.args[0]} (a {config.architecture} model)") from exc
+    except ValueError as exc:  # load_weights names the tensor; a whole one's shapes are named here
+        if isinstance(exc.__cause__, ShapeMismatchError):
+            raise EngineError(f"tensor {last[0]!r} has shape {exc.__cause__.loaded} but config.json "
+                              f"implies {exc.__cause__.expected}") from exc
+        raise
     return count[1]
 
 

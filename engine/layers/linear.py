@@ -38,13 +38,21 @@ def as_float(loaded: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     return loaded.dequantize() if isinstance(loaded, (Int4Weight, Int8Weight)) else loaded
 
 
+class ShapeMismatchError(ValueError):
+    """A checkpoint tensor whose shape is not its parameter's (validation names both)."""
+
+    def __init__(self, loaded: tuple[int, ...], expected: tuple[int, ...]):
+        super().__init__(f"checkpoint shape {loaded} != model shape {expected}")
+        self.loaded, self.expected = loaded, expected
+
+
 def default_weight_loader(param: nn.Parameter, loaded, shard_id=None) -> None:
     """Copy a whole checkpoint tensor (parameters outside linear layers: norms, embeddings)."""
     if shard_id is not None:
         raise ValueError(f"this parameter has no shard {shard_id!r}")
     loaded = as_float(loaded)
     if param.shape != loaded.shape:
-        raise ValueError(f"checkpoint shape {tuple(loaded.shape)} != model shape {tuple(param.shape)}")
+        raise ShapeMismatchError(tuple(loaded.shape), tuple(param.shape))
     param.data.copy_(loaded)
 
 
