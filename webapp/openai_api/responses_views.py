@@ -132,7 +132,10 @@ class ResponseCreateApi(ResponsesView):
 
 async def _background(response_id: str, api_key: ApiKey, values: dict, started: float) -> None:
     try:
-        await sync_to_async(response_start)(response_id=response_id)
+        try:
+            await sync_to_async(response_start)(response_id=response_id)
+        except Exception:  # only its polled status: the generation (and its usage record) must still run
+            logger.warning("could not mark response %s in progress", response_id, exc_info=True)
         response = await completion_continue(request_id=response_id, dialect=_BACKGROUND_RUN, api_key=api_key,
                                              values=values, started=started)
     except asyncio.CancelledError:
