@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from webapp.config.asgi import application, http_gate
 from webapp.keys.enforcement import apikey_running_requests
 from webapp.keys.services import apikey_create
-from webapp.openai_api import generation, lifecycle
+from webapp.openai_api import generation, lifecycle, prompts
 from webapp.usage.models import UsageRecord
 from workers.protocol import Chunk
 
@@ -103,7 +103,7 @@ async def test_a_hang_up_at_any_stage_frees_the_slot_and_leaves_one_usage_record
         monkeypatch.setattr(generation, "generation_prepare", hold.wrap_sync(generation.generation_prepare))
     else:
         engine = HangingEngine(hold, FIRST if stage == "mid-stream" else None)
-        monkeypatch.setattr(generation, "get_engine_client", lambda redis_url: engine)
+        monkeypatch.setattr(prompts, "get_engine_client", lambda redis_url: engine)
 
     app = post(raw, "/v1/chat/completions")
     await app.send_input({"type": "http.request", "body": json.dumps(

@@ -190,3 +190,13 @@ def test_the_published_schema_has_the_embeddings_operation():
     assert set(fields) == {"model", "input", "encoding_format", "dimensions", "user"}
     assert fields["encoding_format"]["enum"] == ["float", "base64"]
     assert [alt.get("maxItems") for alt in fields["input"]["anyOf"]] == [None, 2048, None, 2048]
+
+
+def test_the_published_schema_takes_a_list_of_prompts_and_n_up_to_16():
+    fields = published_schema()["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+
+    assert [alt.get("maxItems") for alt in fields["prompt"]["anyOf"]] == [None, None, 16, 16]
+    assert fields["prompt"]["anyOf"][3]["items"]["type"] == "array"
+    assert "index = prompt index x n + sample index" in fields["prompt"]["description"]
+    assert (fields["n"]["maximum"], fields["best_of"]["maximum"]) == (16, 16)

@@ -127,6 +127,23 @@ def test_a_request_its_worker_still_runs_for_nobody_is_aborted_then_ended_from_i
     assert charged(api_key) == (PROMPT + 9, 0, 0)
 
 
+def test_a_list_of_prompts_is_ended_from_its_prompts_reports_summed_and_its_running_prompt_aborted(
+        api_key, version, worker):
+    request_id = admitted(api_key, version)  # a completion of three prompts: engine requests <id>-0 .. -2
+    send(worker, chunk(f"{request_id}-0", 4, "length"), chunk(f"{request_id}-1", 6, "stop"), chunk(f"{request_id}-2", 2))
+
+    first_pass = usage_reconcile()
+    aborts = worker.poll_aborts()
+    send(worker, chunk(f"{request_id}-2", 3, "abort"))
+    second_pass = usage_reconcile()
+
+    assert (first_pass, aborts) == (0, [request_id, f"{request_id}-2"])
+    assert second_pass == 1
+    ended = record(request_id)
+    assert (ended.prompt_tokens, ended.completion_tokens, ended.cached_prompt_tokens) == (3 * PROMPT, 13, 6)
+    assert charged(api_key) == (3 * PROMPT + 13, 0, 0)
+
+
 def test_without_a_report_the_record_keeps_its_admitted_prompt_and_checkpointed_tokens(api_key, version, worker):
     """Embedded mode after a crash: the worker died with the process and reported nothing; the
     record holds what the process's last checkpoint wrote."""

@@ -20,19 +20,18 @@ import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.utils import timezone
 
 from webapp.batches.lines import CHAT_URL, LineError, check_body
 from webapp.batches.models import BatchLine
 from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
+from webapp.openai_api.prompts import generation_chunks
 from webapp.openai_api.responses import completion_body
 from webapp.openai_api.services import (CHAT, COMPLETIONS, Generation, generation_admit, generation_finish,
                                         generation_prepare, new_request_id, request_refused)
 from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
-from workers.connect import get_engine_client
 from workers.protocol import NO_WORKER, QUEUE_TIMEOUT, QUEUE_UNAVAILABLE, SERVER_OVERLOADED, WORKER_LOST
 from workers.schema import MAX_INT32
 
@@ -133,7 +132,7 @@ async def collect(running: Running) -> bool:
     running.task = asyncio.current_task()
     if running.cancelled.is_set():
         return True
-    chunks = get_engine_client(settings.REDIS_URL).generate(running.generation.engine_request())
+    chunks = generation_chunks(running.generation)  # a completion's list of prompts: merged
     get_checkpoints().watch(running.generation.request_id, running.outcome, running.generation.started)
     try:
         async with aclosing(chunks):  # closing early aborts the request in the engine

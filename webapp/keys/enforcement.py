@@ -307,3 +307,20 @@ def apikey_release(*, api_key: ApiKey, request_id: str, tokens: int = 0, now: fl
 
 def apikey_running_requests(*, api_key: ApiKey) -> int:
     return limits_running_requests(subject=api_key)
+
+
+def apikey_background_take(*, api_key: ApiKey, request_id: str, limit: int) -> None:
+    """A place among the key's background work (the Responses API's ``background``), across every
+    web process: at most ``limit`` at once, whatever the key's concurrency limit (which it also
+    counts against while it runs). LimitExceeded when full; LimitStoreUnavailable as the others."""
+    if not get_limit_store().slot_take(f"{api_key.counter_name}:background", request_id, limit, time.time()):
+        raise LimitExceeded(RATE_LIMIT_EXCEEDED, f"Rate limit reached: {limit} background responses already "
+                            "running for this key.", CONCURRENCY_RETRY_S)
+
+
+def apikey_background_release(*, api_key: ApiKey, request_id: str) -> None:
+    get_limit_store().slot_release(f"{api_key.counter_name}:background", request_id)
+
+
+def apikey_background_count(*, api_key: ApiKey) -> int:
+    return get_limit_store().slot_count(f"{api_key.counter_name}:background")

@@ -3,8 +3,9 @@ stream it as SSE, its answer rendered by the API's ``Dialect`` (webapp/openai_ap
 the one internal event stream (webapp/openai_api/events.py).
 
 The ORM work (model lookup, tokenizing, usage) runs through ``sync_to_async``; the engine is
-reached through workers.connect's EngineClient, whose iterator aborts the request in the
-engine when it is closed early. Both paths close it on every way out (``aclosing``), so a client
+reached through workers.connect's EngineClient (webapp/openai_api/prompts.py: one engine request
+per prompt of a completion's list), whose iterator aborts the request in the engine when it is
+closed early. Both paths close it on every way out (``aclosing``), so a client
 that goes away (Django cancels the view task, or closes the streaming iterator) aborts its
 generation and the usage record says "aborted".
 
@@ -21,7 +22,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from webapp.config.shutdown import track, tracked, untrack
@@ -29,10 +29,10 @@ from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.events import ChunkEvents
+from webapp.openai_api.prompts import generation_abort, generation_chunks
 from webapp.openai_api.services import Generation, generation_finish, generation_prepare
 from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
-from workers.connect import get_engine_client
 from workers.protocol import Chunk
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ async def generation_respond(*, request_id: str, dialect: Dialect, api_key: ApiK
     gen = await sync_to_async(_prepare)(dialect, request_id, api_key, values, started)
     outcome = Outcome()
     get_checkpoints().watch(request_id, outcome, started)  # until _finish
-    chunks = get_engine_client(settings.REDIS_URL).generate(gen.engine_request())
+    chunks = generation_chunks(gen)  # a list of prompts: its prompts' engine requests merged
     track(request_id, asyncio.current_task(), cut=lambda: _cut(gen, outcome))
     response = await (_stream(dialect, gen, chunks, outcome) if gen.stream
                       else _complete(dialect, gen, chunks, outcome))
@@ -78,7 +78,7 @@ async def _cut(gen: Generation, outcome: Outcome) -> None:
     """Shutting down, a request that did not end when its task was cancelled: abort it in the
     engine and record it as aborted from here."""
     try:
-        await get_engine_client(settings.REDIS_URL).abort(gen.model.slug, gen.request_id)
+        await generation_abort(gen)
     except Exception:
         logger.warning("could not abort request %s", gen.request_id, exc_info=True)
     await _finish(gen, outcome, aborted=True)
@@ -133,7 +133,7 @@ async def _stream(dialect: Dialect, gen: Generation, chunks: AsyncIterator[Chunk
 
 
 async def _events(dialect: Dialect, gen: Generation, chunks: AsyncIterator[Chunk], first: Chunk, outcome: Outcome):
-    renderer, source = dialect.stream(gen), ChunkEvents(gen.n, gen.tools)
+    renderer, source = dialect.stream(gen), ChunkEvents(gen.num_choices, gen.tools)
     error: errors.OpenAIError | None = None
     if (running := tracked(gen.request_id)) is not None:
         running.task = asyncio.current_task()  # the server's task sending the response now

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -53,11 +54,31 @@ async def completion_create(*, request: HttpRequest, dialect: Dialect, request_i
         return dialect.error_response(exc)
     call = _Call(request_id=request_id, endpoint=endpoint, api_key=api_key, started=started)
     track(request_id, asyncio.current_task(), cut=lambda: _account(call, None))
-    try:
+
+    async def admitted() -> HttpResponse:
         await _admit(call, request)
         respond = dialect.respond or generation_respond
         return await respond(request_id=request_id, dialect=dialect, api_key=api_key,
                              values=dialect.validate(call.body), started=started)
+
+    return await _answered(call, dialect, admitted())
+
+
+async def completion_continue(*, request_id: str, dialect: Dialect, api_key: ApiKey, values: dict,
+                              started: float) -> HttpResponse:
+    """Generate, in a task of its own, a request that ``completion_create`` admitted and validated
+    and whose ``respond`` answered without generating (a background response): the same single
+    usage record, the key's slot held until it is written, the drain cancelling this task now."""
+    call = _Call(request_id=request_id, endpoint=dialect.endpoint, api_key=api_key, started=started, body=values)
+    track(request_id, asyncio.current_task(), cut=lambda: _account(call, None))
+    return await _answered(call, dialect, generation_respond(request_id=request_id, dialect=dialect,
+                                                             api_key=api_key, values=values, started=started))
+
+
+async def _answered(call: _Call, dialect: Dialect, work: Awaitable[HttpResponse]) -> HttpResponse:
+    """``work``'s response, or the error object of its refusal with the usage record written."""
+    try:
+        return await work
     except (errors.OpenAIError, ValidationError) as exc:
         error = errors.from_validation_error(exc) if isinstance(exc, ValidationError) else exc
     except asyncio.CancelledError:  # the client went away (or the server is shutting down)
@@ -67,7 +88,7 @@ async def completion_create(*, request: HttpRequest, dialect: Dialect, request_i
         error = errors.internal_error(exc)
     await _account(call, error)
     response = dialect.error_response(error)
-    response["X-Request-Id"] = request_id  # names its usage record
+    response["X-Request-Id"] = call.request_id  # names its usage record
     return response
 
 

@@ -3,8 +3,9 @@
 Chat logprobs are OpenAI's ``choices[i].logprobs = {"content": [{token, logprob, bytes,
 top_logprobs: [{token, logprob, bytes}]}], "refusal": None}``, where ``bytes`` are the token's own
 UTF-8 bytes (a token holding half of a character has the raw half); /v1/completions keeps the
-legacy ``{tokens, token_logprobs, top_logprobs, text_offset}``. With n > 1 every choice has its
-``index``; a stream sends one chunk per choice delta, each naming its ``index``.
+legacy ``{tokens, token_logprobs, top_logprobs, text_offset}``. With n > 1 (or a completion's list
+of prompts) every choice has its ``index``, prompt index x n + sample index; a stream sends one
+chunk per choice delta, each naming its ``index``, the prompts' chunks interleaved as they come.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import json
 from webapp.openai_api.completion_extras import best_choices
 from webapp.openai_api.errors import OpenAIError
 from webapp.openai_api.events import Event, Finish
+from webapp.openai_api.serializers import prompt_list
 from webapp.openai_api.services import CHAT, Generation, Outcome
 from webapp.openai_api.tool_calls import apply_tool_calls, openai_delta
 from webapp.registry.tokenizers import ModelTokenizer
+from webapp.usage.outcome import ChoiceOutcome
 from workers.protocol import Chunk
 
 DONE = b"data: [DONE]\n\n"
@@ -90,11 +93,11 @@ def completion_logprobs(tokenizer: ModelTokenizer, entries: list[dict], text_off
             "text_offset": offsets}
 
 
-def echoed_prompt(gen: Generation) -> str:
-    """A completion's prompt text when ``echo`` asks for it, else ""."""
+def echoed_prompt(gen: Generation, prompt_index: int = 0) -> str:
+    """A completion's prompt text (the ``prompt_index``-th of its list) when ``echo`` asks for it, else ""."""
     if gen.endpoint == CHAT or not gen.values.get("echo"):
         return ""
-    prompt = gen.values["prompt"]
+    prompt = prompt_list(gen.values["prompt"])[prompt_index]
     return prompt if isinstance(prompt, str) else gen.tokenizer.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
@@ -102,14 +105,24 @@ def _envelope(gen: Generation, obj: str) -> dict:
     return {"id": gen.request_id, "object": obj, "created": gen.created, "model": gen.model.slug}
 
 
+def _answered(gen: Generation, outcome: Outcome) -> list[tuple[int, ChoiceOutcome]]:
+    """(prompt index, sample) of each choice answered, in order: every sample of every prompt, or
+    with best_of the best n of each prompt's best_of samples."""
+    outcome.choice(gen.num_choices - 1)  # every choice listed, also one that produced nothing
+    n = gen.n if gen.endpoint == CHAT else (gen.values.get("n") or 1)
+    answered = []
+    for prompt_index in range(gen.num_prompts):
+        samples = outcome.choices[prompt_index * gen.n:(prompt_index + 1) * gen.n]
+        if n < gen.n:  # best_of
+            samples = best_choices(samples, n)
+        answered += [(prompt_index, sample) for sample in samples]
+    return answered
+
+
 def completion_body(gen: Generation, outcome: Outcome) -> dict:
-    """The non-streaming response: one choice per sample, by index."""
-    outcome.choice(gen.n - 1)  # every choice listed, also one that produced nothing
-    choices, samples = [], outcome.choices
-    if gen.endpoint != CHAT and gen.n > (gen.values.get("n") or 1):  # best_of
-        samples = best_choices(samples, gen.values.get("n") or 1)
-    echo = echoed_prompt(gen)
-    for index, sample in enumerate(samples):
+    """The non-streaming response: one choice per sample, by index (prompt index x n + sample index)."""
+    choices = []
+    for index, (prompt_index, sample) in enumerate(_answered(gen, outcome)):
         if gen.endpoint == CHAT:
             choices.append({"index": index, "message": {"role": "assistant", "content": sample.text},
                             "logprobs": chat_logprobs(gen.tokenizer, sample.logprobs) if gen.wants_logprobs else None,
@@ -117,7 +130,7 @@ def completion_body(gen: Generation, outcome: Outcome) -> dict:
             if gen.tools is not None:  # calls in the text become message.tool_calls
                 apply_tool_calls(gen.tools, choices[-1])
         else:
-            choices.append({"index": index, "text": echo + sample.text,
+            choices.append({"index": index, "text": echoed_prompt(gen, prompt_index) + sample.text,
                             "logprobs": (completion_logprobs(gen.tokenizer, sample.logprobs)
                                          if gen.wants_logprobs else None),
                             "finish_reason": finish_reason(sample.finish_reason)})
@@ -133,7 +146,7 @@ class StreamFormatter:
 
     def __init__(self, gen: Generation):
         self.gen = gen
-        self.text_offsets = [0] * gen.n  # completions: characters streamed so far, per choice
+        self.text_offsets = [0] * gen.num_choices  # completions: characters streamed so far, per choice
 
     def _chunk(self, choice: dict) -> bytes:
         obj = "chat.completion.chunk" if self.gen.endpoint == CHAT else "text_completion"
@@ -145,10 +158,9 @@ class StreamFormatter:
     def start(self) -> bytes:
         """Chat streams open with the assistant's role (once per choice); completion streams have no
         opener but the prompt when it is echoed."""
-        if self.gen.endpoint != CHAT:
-            echo = echoed_prompt(self.gen)
+        if self.gen.endpoint != CHAT:  # (best_of is not streamed: choice i is prompt i // n's)
             return b"".join(self._chunk({"index": i, "text": echo, "logprobs": None, "finish_reason": None})
-                            for i in range(self.gen.n)) if echo else b""
+                            for i in range(self.gen.num_choices) if (echo := echoed_prompt(self.gen, i // self.gen.n)))
         return b"".join(self._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}) for i in range(self.gen.n))
 

@@ -16,6 +16,8 @@ from webapp.openai_api.responses_input import stored_conversation
 from webapp.openai_api.responses_render import output_conversation
 from webapp.openai_api.services import Generation
 
+RUNNING = (StoredResponse.Status.QUEUED, StoredResponse.Status.IN_PROGRESS)  # a background response's
+
 
 def not_found(response_id: str) -> errors.OpenAIError:
     return errors.OpenAIError(404, f"Response with id '{response_id}' not found.", param="response_id",
@@ -42,8 +44,9 @@ def response_keep(gen: Generation, body: dict) -> None:
     text, calls = output_conversation(body["output"])
     fields = dict(owner_id=gen.api_key.owner_id, status=body["status"], body=body,
                   messages=stored_conversation(values, text, calls))
-    if values["response"]["background"]:  # its row was queued; deleted meanwhile, it stays deleted
-        StoredResponse.objects.filter(response_id=gen.request_id).update(**fields, updated_at=timezone.now())
+    if values["response"]["background"]:  # its row was queued; deleted or cancelled meanwhile, it stays so
+        StoredResponse.objects.filter(response_id=gen.request_id, status__in=RUNNING).update(
+            **fields, updated_at=timezone.now())
     else:
         StoredResponse.objects.update_or_create(response_id=gen.request_id, defaults=fields)
 
@@ -55,10 +58,21 @@ def response_queue(*, api_key: ApiKey, body: dict) -> None:
 
 
 @transaction.atomic
+def response_start(*, response_id: str) -> None:
+    """A queued background response whose generation starts: ``in_progress`` (unless cancelled meanwhile)."""
+    stored = StoredResponse.objects.select_for_update().filter(
+        response_id=response_id, status=StoredResponse.Status.QUEUED).first()
+    if stored is not None:
+        stored.status = StoredResponse.Status.IN_PROGRESS
+        stored.body = {**stored.body, "status": stored.status}
+        stored.save(update_fields=["status", "body", "updated_at"])
+
+
+@transaction.atomic
 def response_end(*, response_id: str, status: str, error: dict | None = None) -> None:
     """A background response that ended without an answer (failed, cancelled), unless it has one."""
     stored = StoredResponse.objects.select_for_update().filter(response_id=response_id).first()
-    if stored is None or stored.status not in (StoredResponse.Status.QUEUED, StoredResponse.Status.IN_PROGRESS):
+    if stored is None or stored.status not in RUNNING:
         return
     stored.status = status
     stored.body = {**stored.body, "status": status, "error": error}

@@ -2,12 +2,19 @@
 (webapp/openai_api/lifecycle.py) as the ``RESPONSES`` dialect; ``GET`` / ``DELETE
 v1/responses/<id>`` and ``POST v1/responses/<id>/cancel`` on the stored responses.
 
-``background``: the body is checked and the previous response read at once (a refusal is the
-answer, as without it); the response is stored ``queued`` and answered so, and its generation runs
-on this process's event loop, through the same path (admission, limits, usage record), until it
-is stored ``completed`` (or ``incomplete`` / ``failed``). Cancel aborts it in the engine and stores
-it ``cancelled``. The running task lives in the process that accepted the request: a cancel that
-reaches another web process only marks the stored response (the generation runs out its tokens).
+``background``: the request goes through the same path as any other up to its answer: the key
+check, the body, the key's limits (it takes one of the key's concurrent requests, held until its
+usage record is written, as a foreground request holds it), the previous response read. Any
+refusal is the answer, with its usage record, as without ``background``. It also takes one of the
+key's MAX_BACKGROUND_PER_KEY background places (across every web process, in the limit store; a
+killed process's places lapse with its lease), so that a key without a concurrency limit cannot
+start unbounded work that no connection holds open (the ASGI gate counts only open requests).
+The response is then stored ``queued`` and answered so, and its generation runs in a task of this
+process (``completion_continue``), stored ``in_progress`` once that task starts it, then
+``completed`` / ``incomplete`` / ``failed``. Cancel stores it ``cancelled`` and aborts it: its task
+when it runs in this process (the usage record says aborted), else through the workers' abort
+(the engine request has the response's id), the owning process then recording what was generated
+while the stored status stays ``cancelled``.
 """
 
 from __future__ import annotations
@@ -18,23 +25,28 @@ import logging
 import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
-from rest_framework.exceptions import ValidationError
 
+from webapp.keys.enforcement import LimitExceeded, apikey_background_release, apikey_background_take
+from webapp.keys.limits import LimitStoreUnavailable
+from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
 from webapp.openai_api.dialect import Dialect
-from webapp.openai_api.lifecycle import completion_create
+from webapp.openai_api.lifecycle import completion_continue, completion_create
 from webapp.openai_api.models import StoredResponse
 from webapp.openai_api.responses_input import ResponseInputSerializer, response_resolve
 from webapp.openai_api.responses_render import ResponseStream, response_body, response_object
 from webapp.openai_api.responses_store import (response_delete, response_end, response_get, response_keep,
-                                               response_queue)
-from webapp.openai_api.services import RESPONSES, new_request_id
+                                               response_queue, response_start)
+from webapp.openai_api.services import RESPONSES, model_target_for_key
+from workers.connect import get_engine_client
 
 logger = logging.getLogger(__name__)
 BACKGROUND: dict[str, asyncio.Task] = {}  # response id -> its running generation, in this process
+MAX_BACKGROUND_PER_KEY = 16  # background responses one key may have running at once
 
 
 def _validate(body) -> dict:
@@ -45,6 +57,56 @@ def _validate(body) -> dict:
 
 RESPONSES_DIALECT = Dialect(endpoint=RESPONSES, validate=_validate, body=response_body, stream=ResponseStream,
                             resolve=response_resolve, keep=response_keep)
+# The generation of a background response, its previous response resolved before it was queued.
+_BACKGROUND_RUN = Dialect(endpoint=RESPONSES, validate=_validate, body=response_body, stream=ResponseStream,
+                          keep=response_keep)
+
+
+def _validate_background(body) -> dict:
+    values = _validate(body)
+    if not values["response"]["store"]:
+        raise errors.invalid_parameter("background", "background responses must be stored (store: true)")
+    if values["stream"]:
+        raise errors.invalid_parameter("stream", "background responses are not streamed here; poll them")
+    return values
+
+
+def _background_take(api_key: ApiKey, request_id: str) -> None:
+    try:
+        apikey_background_take(api_key=api_key, request_id=request_id, limit=MAX_BACKGROUND_PER_KEY)
+    except LimitExceeded as exc:
+        raise errors.limit_exceeded(exc.code, exc.message, exc.retry_after) from exc
+    except LimitStoreUnavailable as exc:
+        raise errors.limits_unavailable() from exc
+
+
+def _background_queue(api_key: ApiKey, request_id: str, values: dict) -> tuple[dict, dict]:
+    """The previous response read, a background place taken, the response stored ``queued``."""
+    values = response_resolve(api_key=api_key, values=values)
+    _background_take(api_key, request_id)
+    queued = response_object(response_id=request_id, values=values, model=values["model"],
+                             created_at=int(time.time()), status="queued")
+    try:
+        response_queue(api_key=api_key, body=queued)
+    except BaseException:
+        apikey_background_release(api_key=api_key, request_id=request_id)
+        raise
+    return values, queued
+
+
+async def _background_start(*, request_id: str, dialect: Dialect, api_key: ApiKey, values: dict,
+                            started: float) -> HttpResponse:
+    """``respond`` of an admitted background request: queue it and answer; its task generates it."""
+    values, queued = await sync_to_async(_background_queue)(api_key, request_id, values)
+    task = asyncio.create_task(_background(request_id, api_key, values, started))
+    BACKGROUND[request_id] = task
+    task.add_done_callback(lambda _: BACKGROUND.pop(request_id, None))
+    response = JsonResponse(queued)
+    response["X-Request-Id"] = request_id
+    return response
+
+
+BACKGROUND_DIALECT = Dialect(endpoint=RESPONSES, validate=_validate_background, respond=_background_start)
 
 
 class ResponsesView(View):
@@ -63,40 +125,26 @@ class ResponseCreateApi(ResponsesView):
             body = body_parse(request)
         except errors.OpenAIError:
             body = None  # refused by the serving path, with its usage record
-        if not (isinstance(body, dict) and body.get("background") is True):
-            return await completion_create(request=request, dialect=RESPONSES_DIALECT)
-        try:
-            api_key = await sync_to_async(RESPONSES_DIALECT.key)(request)
-            values = _validate(body)
-            if not values["response"]["store"]:
-                raise errors.invalid_parameter("background", "background responses must be stored (store: true)")
-            if values["stream"]:
-                raise errors.invalid_parameter("stream", "background responses are not streamed here; poll them")
-            values = await sync_to_async(response_resolve)(api_key=api_key, values=values)
-        except ValidationError as exc:
-            return errors.from_validation_error(exc).response()
-        except errors.OpenAIError as exc:
-            return exc.response()
-        queued = response_object(response_id=new_request_id(RESPONSES), values=values, model=values["model"],
-                                 created_at=int(time.time()),
-                                 status="queued")
-        await sync_to_async(response_queue)(api_key=api_key, body=queued)
-        task = asyncio.create_task(_background(request, queued["id"], values))
-        BACKGROUND[queued["id"]] = task
-        task.add_done_callback(lambda _: BACKGROUND.pop(queued["id"], None))
-        return JsonResponse(queued)
+        is_background = isinstance(body, dict) and body.get("background") is True
+        return await completion_create(request=request, dialect=BACKGROUND_DIALECT if is_background
+                                       else RESPONSES_DIALECT)
 
 
-async def _background(request: HttpRequest, response_id: str, values: dict) -> None:
-    dialect = Dialect(endpoint=RESPONSES, validate=lambda _body: values, body=response_body, stream=ResponseStream,
-                      keep=response_keep)
+async def _background(response_id: str, api_key: ApiKey, values: dict, started: float) -> None:
     try:
-        response = await completion_create(request=request, dialect=dialect, request_id=response_id)
+        try:
+            await sync_to_async(response_start)(response_id=response_id)
+        except Exception:  # only its polled status: the generation (and its usage record) must still run
+            logger.warning("could not mark response %s in progress", response_id, exc_info=True)
+        response = await completion_continue(request_id=response_id, dialect=_BACKGROUND_RUN, api_key=api_key,
+                                             values=values, started=started)
     except asyncio.CancelledError:
         await sync_to_async(response_end)(response_id=response_id, status=StoredResponse.Status.CANCELLED)
         raise
     except Exception as exc:  # the path answers its own failures; this is a last resort
         response = errors.internal_error(exc).response()
+    finally:
+        await sync_to_async(apikey_background_release)(api_key=api_key, request_id=response_id)
     if response.status_code >= 400:
         error = json.loads(response.content)["error"]
         await sync_to_async(response_end)(response_id=response_id, status=StoredResponse.Status.FAILED,
@@ -131,11 +179,13 @@ class ResponseCancelApi(ResponsesView):
         answer = await _answer(request, check)
         if answer.status_code >= 400:
             return answer
+        await sync_to_async(response_end)(response_id=response_id, status=StoredResponse.Status.CANCELLED)
         task = BACKGROUND.get(response_id)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await sync_to_async(response_end)(response_id=response_id, status=StoredResponse.Status.CANCELLED)
+        else:  # running in another web process, or ended: the workers drop it if one holds it
+            await _abort_elsewhere(request, response_id)
         return await _answer(request, lambda key: response_get(api_key=key, response_id=response_id).body)
 
 
@@ -147,3 +197,20 @@ async def _answer(request: HttpRequest, read) -> HttpResponse:
         return JsonResponse(await sync_to_async(run)())
     except errors.OpenAIError as exc:
         return exc.response()
+
+
+async def _abort_elsewhere(request: HttpRequest, response_id: str) -> None:
+    def model_slug() -> str | None:
+        api_key = RESPONSES_DIALECT.key(request)
+        stored = response_get(api_key=api_key, response_id=response_id)
+        try:
+            return model_target_for_key(api_key=api_key, slug=stored.body.get("model") or "")[0].model.slug
+        except errors.OpenAIError:
+            return None  # the model is gone: nothing of it runs
+
+    try:
+        slug = await sync_to_async(model_slug)()
+        if slug is not None:
+            await get_engine_client(settings.REDIS_URL).abort(slug, response_id)
+    except Exception:  # best effort: the response is stored cancelled either way
+        logger.warning("could not abort response %s in the workers", response_id, exc_info=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, LimitField, LogitBiasField, MessageContentField,
-                                          PromptField, StopField, TOKEN_ID_LIMIT, TokenIdsField)
+from webapp.openai_api.serializers import (MAX_CONTENT_PARTS, MAX_N, MAX_PROMPTS, MAX_SEQUENCES, LimitField,
+                                          LogitBiasField, MessageContentField, PromptField, StopField, TOKEN_ID_LIMIT,
+                                          TokenIdsField)
 
 ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
@@ -70,14 +71,17 @@ def field_schema(field: serializers.Field) -> dict:
         ids = {"type": "array", "minItems": 1,
                "items": {"type": "integer", "minimum": TOKEN_ID_LIMIT.low, "maximum": TOKEN_ID_LIMIT.high}}
         text = _string(min_length=1)
-        schema = {"anyOf": [text, ids, {"type": "array", "minItems": 1, "maxItems": 1, "items": text},
-                            {"type": "array", "minItems": 1, "maxItems": 1, "items": ids}]}
+        schema = {"anyOf": [text, ids, {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": text},
+                            {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": ids}],
+                  "description": f"One prompt, or a list of up to {MAX_PROMPTS} (strings or token-id lists); "
+                                 f"prompts x max(n, best_of) at most {MAX_SEQUENCES}. Choices come prompt by "
+                                 "prompt: index = prompt index x n + sample index."}
     elif isinstance(field, serializers.ChoiceField):
         schema = {"type": "string", "enum": list(field.choices)}
     elif isinstance(field, serializers.BooleanField):
         schema = {"type": "boolean"}
-    elif isinstance(field, serializers.IntegerField):  # n: one choice per request
-        schema = {"type": "integer", "minimum": 1, "maximum": 1}
+    elif isinstance(field, serializers.IntegerField):  # n, best_of: samples per prompt
+        schema = {"type": "integer", "minimum": 1, "maximum": MAX_N}
     elif isinstance(field, serializers.CharField):
         schema = _string(field.max_length, 0 if field.allow_blank else 1)
     elif isinstance(field, serializers.DictField):

@@ -33,7 +33,10 @@ messages             1 .. 2048 messages                     OpenAI's cap
 messages[].name      at most 64 characters                  OpenAI
 messages[].content   a string or <= 2048 text parts
 prompt               a non-empty string or 1 .. 2**31-1     engine (ids also below the vocabulary)
-                     token ids, each 0 .. 2**31-1
+                     token ids, each 0 .. 2**31-1; or a
+                     list of 1 .. MAX_PROMPTS (16) of them  one engine request each (views.py)
+prompts x max(n,     at most MAX_SEQUENCES (64)             the sequences one request runs at once,
+best_of)                                                    the engine's own per-request bound
 ==================== ====================================== =====================================
 
 The body itself (webapp/openai_api/body.py): JSON nested at most 32 levels deep, valid Unicode.
@@ -55,6 +58,8 @@ MAX_USER_LENGTH = 256  # UsageRecord.end_user holds it
 MAX_MESSAGES = 2048
 MAX_NAME_LENGTH = 64
 MAX_N = 16  # choices per request: each is a sequence in the engine's batch (engine allows 64)
+MAX_PROMPTS = 16  # prompts of one /v1/completions request, each its own engine request
+MAX_SEQUENCES = 64  # prompts x max(n, best_of): the sequences one request may run at once
 MAX_CONTENT_PARTS = 2048
 MAX_TOOLS = 128  # OpenAI's cap, also on an assistant message's tool calls
 MAX_TOOL_CALL_ID = 256
@@ -195,18 +200,24 @@ class MessageContentField(serializers.Field):
 
 
 class PromptField(serializers.Field):
-    """One prompt: a string or a list of token ids (or either, alone in a list)."""
+    """The prompts of a completion, always returned as a list of 1 .. MAX_PROMPTS prompts, each a
+    non-empty string or a non-empty list of token ids. As OpenAI takes them: a string, a list of
+    token ids (one prompt), or a list of strings / of token-id lists (one prompt each)."""
 
-    default_error_messages = {"invalid": "must be a string or a list of token ids "
-                                         f"(integers from 0 to {TOKEN_ID_LIMIT.high})",
-                              "many": "only one prompt per request is supported",
+    default_error_messages = {"invalid": "must be a string, a list of token ids (integers from 0 to "
+                                         f"{TOKEN_ID_LIMIT.high}), or a list of up to {MAX_PROMPTS} "
+                                         "of either",
+                              "many": f"at most {MAX_PROMPTS} prompts per request",
                               "empty": "must not be empty"}
 
-    def to_internal_value(self, data) -> str | list[int]:
+    def to_internal_value(self, data) -> list[str | list[int]]:
         if isinstance(data, list) and data and isinstance(data[0], (str, list)):
-            if len(data) != 1:
+            if len(data) > MAX_PROMPTS:
                 self.fail("many")
-            data = data[0]
+            return [self._one(item) for item in data]
+        return [self._one(data)]
+
+    def _one(self, data) -> str | list[int]:
         if isinstance(data, str):
             if not data:
                 self.fail("empty")
@@ -219,6 +230,13 @@ class PromptField(serializers.Field):
 
     def to_representation(self, value):
         return value
+
+
+def prompt_list(prompt) -> list[str | list[int]]:
+    """A completion's ``prompt`` as the list PromptField validates it to (a single one listed)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return prompt
+    return [prompt]
 
 
 class StreamOptionsSerializer(serializers.Serializer):

@@ -22,7 +22,7 @@ from webapp.keys.tenancy import user_tenant
 from webapp.monitoring.metrics import observe_api_request
 from webapp.openai_api import errors
 from webapp.openai_api.completion_extras import fim_prompt
-from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH
+from webapp.openai_api.serializers import MAX_MODEL_LENGTH, MAX_USER_LENGTH, prompt_list
 from webapp.openai_api.tool_calls import ToolPlan, template_messages
 from webapp.registry.adapters import adapter_resolve
 from webapp.registry.models import Adapter, Model, ModelVersion
@@ -65,7 +65,7 @@ class Generation:
     model: Model
     version: ModelVersion
     tokenizer: ModelTokenizer
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # the prompt (the first of ``prompts``)
     params: dict  # SamplingParams keyword arguments
     priority: int
     stream: bool
@@ -74,7 +74,8 @@ class Generation:
     started: float  # time.monotonic() when the request arrived
     end_user: str = ""  # the request's ``user``, for the usage record only
     created: int = field(default_factory=lambda: int(time.time()))
-    n: int = 1  # choices (samples of the prompt)
+    n: int = 1  # samples of each prompt
+    prompts: list[list[int]] | None = None  # a completion's list of prompts (None: just prompt_token_ids)
     tools: ToolPlan | None = None  # chat: the tools the model may call (webapp/openai_api/tool_calls.py)
     shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt (webapp/chat/prefix_sharing.py)
     adapter: Adapter | None = None  # a LoRA adapter of the model, which its workers serve
@@ -85,11 +86,40 @@ class Generation:
     def prompt_param(self) -> str:
         return PROMPT_PARAMS.get(self.endpoint, "messages")
 
-    def engine_request(self) -> GenerateRequest:
+    @property
+    def all_prompts(self) -> list[list[int]]:
+        return self.prompts or [self.prompt_token_ids]
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.all_prompts)
+
+    @property
+    def num_choices(self) -> int:
+        """The engine's samples in all, prompt by prompt: choice index = prompt index x n + sample index."""
+        return self.num_prompts * self.n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.all_prompts)
+
+    def engine_request_ids(self) -> list[str]:
+        """One engine request per prompt: the request's own id when it has one prompt."""
+        if self.num_prompts == 1:
+            return [self.request_id]
+        return [f"{self.request_id}-{index}" for index in range(self.num_prompts)]
+
+    def engine_requests(self) -> list[GenerateRequest]:
+        return [self.engine_request(ids, request_id)
+                for ids, request_id in zip(self.all_prompts, self.engine_request_ids())]
+
+    def engine_request(self, prompt_token_ids: list[int] | None = None,
+                       request_id: str | None = None) -> GenerateRequest:
         # The key's owner, never the body: the engine scopes its prefix cache to this tenant and
         # shares itself between tenants at the key's weight.
-        return GenerateRequest(request_id=self.request_id, model=self.model.slug,
-                               prompt_token_ids=self.prompt_token_ids, params=self.params, priority=self.priority,
+        return GenerateRequest(request_id=request_id or self.request_id, model=self.model.slug,
+                               prompt_token_ids=self.prompt_token_ids if prompt_token_ids is None else prompt_token_ids,
+                               params=self.params, priority=self.priority,
                                n=self.n, tenant=user_tenant(self.api_key.owner_id),
                                tenant_weight=self.api_key.fair_share_weight, shared_prefix_len=self.shared_prefix_len,
                                adapter=self.adapter.name if self.adapter else "",
@@ -163,7 +193,7 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         raise errors.invalid_parameter("model", f"the model {values['model']!r} is an embedding model and "
                                                 f"does not generate text; use /v1/embeddings")
     adapter = model_target_for_key(api_key=api_key, slug=values["model"])[1]  # a LoRA adapter, or None
-    num_shared = 0
+    num_shared, prompts = 0, None
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
         logprobs = (values.get("top_logprobs") or 0) if values.get("logprobs") else None
@@ -176,21 +206,23 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     else:
         max_tokens = values.get("max_tokens") or DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = values.get("logprobs")
-        prompt = values["prompt"]
-        if values.get("suffix"):  # webapp/openai_api/completion_extras.py
-            prompt_ids = fim_prompt(tokenizer, prompt, values["suffix"])
-        else:
-            prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        prompts = [fim_prompt(tokenizer, prompt, values["suffix"]) if values.get("suffix")  # completion_extras.py
+                   else tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                   for prompt in prompt_list(values["prompt"])]
+        prompt_ids = prompts[0]
     vocab = tokenizer.tokenizer.get_vocab_size()
     if values.get("logit_bias") and max(values["logit_bias"]) >= vocab:
         raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {vocab}")
-    try:  # the worst case is held against the key's token rate and budget before scheduling
+    num_samples = max(values.get("n") or 1, values.get("best_of") or 1)
+    all_prompts = prompts or [prompt_ids]
+    num_prompt_tokens = sum(len(ids) for ids in all_prompts)
+    max_model_len = served_max_model_len(version, tokenizer)
+    try:  # the worst case of every sample of every prompt is held against the key's token rate and budget
         priority = apikey_priority(api_key=api_key, requested=values.get("priority"))
-        apikey_reserve(api_key=api_key, request_id=request_id, tokens=max(
-                values.get("n") or 1, values.get("best_of") or 1) * worst_case_tokens(
-            num_prompt_tokens=len(prompt_ids), max_tokens=max_tokens,
-            max_model_len=served_max_model_len(version, tokenizer)),
-            model_id=version.model_id, num_prompt_tokens=len(prompt_ids))  # and its cost, against money budgets
+        apikey_reserve(api_key=api_key, request_id=request_id, tokens=num_samples * sum(
+            worst_case_tokens(num_prompt_tokens=len(ids), max_tokens=max_tokens, max_model_len=max_model_len)
+            for ids in all_prompts),
+            model_id=version.model_id, num_prompt_tokens=num_prompt_tokens)  # and its cost, against money budgets
     except PriorityNotAllowed as exc:
         raise errors.invalid_parameter("priority", str(exc)) from exc
     except LimitExceeded as exc:
@@ -201,12 +233,11 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
     apikey_mark_used(api_key=api_key)
     try:  # the request is accounted for from now on, even if this process dies before it ends
         usage_record_start(request_id=request_id, endpoint=endpoint, started=started, model=version.model,
-                           version=version, num_prompt_tokens=len(prompt_ids), api_key=api_key, user=api_key.owner,
+                           version=version, num_prompt_tokens=num_prompt_tokens, api_key=api_key, user=api_key.owner,
                            end_user=values.get("user") or "", model_name=str(adapter) if adapter else None)
     except LimitStoreUnavailable as exc:
         logger.warning("request %s refused: %s", request_id, exc)
         raise errors.limits_unavailable() from exc
-    num_samples = max(values.get("n") or 1, values.get("best_of") or 1)
     ranked = num_samples > (values.get("n") or 1)  # best_of: samples ranked by their log-probability
     params = _sampling_params(values, max_tokens, logprobs if logprobs is not None or not ranked else 0)
     return Generation(
@@ -216,8 +247,8 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
         priority=priority, stream=bool(values.get("stream")),
         include_usage=bool((values.get("stream_options") or {}).get("include_usage")),
         wants_logprobs=logprobs is not None, started=started, end_user=values.get("user") or "",
-        n=num_samples, tools=values.get("tool_plan"), shared_prefix_len=num_shared, adapter=adapter,
-        values=values)
+        n=num_samples, prompts=prompts if len(all_prompts) > 1 else None, tools=values.get("tool_plan"),
+        shared_prefix_len=num_shared, adapter=adapter, values=values)
 
 
 def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
@@ -253,7 +284,7 @@ def generation_finish(*, generation: Generation, outcome: Outcome, aborted: bool
     return usage_record_finish(
         request_id=generation.request_id, endpoint=generation.endpoint, started=generation.started,
         outcome=outcome, model=generation.model, version=generation.version,
-        num_prompt_tokens=len(generation.prompt_token_ids), api_key=generation.api_key,
+        num_prompt_tokens=generation.num_prompt_tokens, api_key=generation.api_key,
         user=generation.api_key.owner, end_user=generation.end_user, aborted=aborted,
         error_code=error.code if error is not None else None)
 

@@ -21,8 +21,9 @@ from webapp.openai_api.embedding_views import EmbeddingCreateApi
 from webapp.openai_api.responses_input import ResponseInputSerializer
 from webapp.openai_api.schema import openapi_document
 from webapp.openai_api.completion_extras import check_extras
-from webapp.openai_api.serializers import (MAX_MESSAGES, MAX_N, UNSUPPORTED, ChatMessageSerializer, PromptField,
-                                          SamplingInputSerializer, StrictCharField, check_tool_messages, limited)
+from webapp.openai_api.serializers import (MAX_MESSAGES, MAX_N, MAX_SEQUENCES, UNSUPPORTED, ChatMessageSerializer,
+                                          PromptField, SamplingInputSerializer, StrictCharField, check_tool_messages,
+                                          limited)
 from webapp.openai_api.services import CHAT, COMPLETIONS, api_key_from_header, model_target_for_key
 from webapp.openai_api.tool_calls import tool_plan
 from webapp.registry.adapters import adapter_list_active
@@ -117,7 +118,8 @@ class ChatCompletionCreateApi(CompletionApiBase):
 
 
 class CompletionCreateApi(CompletionApiBase):
-    """POST v1/completions."""
+    """POST v1/completions. ``prompt`` may list several prompts (webapp/openai_api/prompts.py):
+    their choices come prompt by prompt, index = prompt index x n + sample index."""
 
     endpoint = COMPLETIONS
 
@@ -131,7 +133,7 @@ class CompletionCreateApi(CompletionApiBase):
 
         def validate(self, attrs):
             attrs = super().validate(attrs)
-            check_extras(attrs, MAX_N)  # webapp/openai_api/completion_extras.py
+            check_extras(attrs, MAX_N, MAX_SEQUENCES)  # webapp/openai_api/completion_extras.py
             return attrs
 
 

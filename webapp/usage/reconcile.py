@@ -9,7 +9,7 @@ ends them: status ``error``, error code ``web_process_lost``, the tokens charged
 user once, and its reservation and slot given back.
 
 The counts are the worker's (workers.protocol.UsageReport, kept by the transport, not by the dead
-process): what it generated, which may be more than the client received. A request a worker
+process; a completion's list of prompts sums its prompts' engine requests' reports): what it generated, which may be more than the client received. A request a worker
 still runs for nobody is aborted first, and ended at a later pass from the report of its last
 chunk. Without a report (embedded mode, where the worker died with the process; or the request
 never reached a worker), the record's own counts stand: the prompt as tokenized at admission,
@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from webapp.keys.limits import LimitStoreUnavailable, get_limit_store
 from webapp.keys.models import ChatLimits
+from webapp.openai_api.serializers import MAX_PROMPTS
 from webapp.usage.models import CHAT_REQUEST_PREFIX, UsageRecord
 from webapp.usage.services import usage_record_close
 from workers.connect import get_engine_client
@@ -75,6 +76,29 @@ def usage_record_close_lost(*, record: UsageRecord, report: UsageReport | None) 
     return closed
 
 
+def _engine_ids(record: UsageRecord) -> list[str]:
+    """The engine requests a record may stand for: its own, and a completion's list of prompts'
+    (webapp/openai_api/prompts.py: ``<id>-<prompt index>``)."""
+    if record.endpoint != UsageRecord.Endpoint.COMPLETIONS:
+        return [record.request_id]
+    return [record.request_id, *(f"{record.request_id}-{index}" for index in range(MAX_PROMPTS))]
+
+
+def _summed(request_id: str, parts: list[UsageReport]) -> UsageReport | None:
+    """One report of a request's engine requests' reports: counts summed, finished when all are."""
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    running = [p for p in parts if not p.finished]
+    times = [p.time_to_first_token for p in parts if p.time_to_first_token is not None]
+    return UsageReport(request_id=request_id, worker_id=(running or parts)[0].worker_id, model=parts[0].model,
+                       num_prompt_tokens=sum(p.num_prompt_tokens for p in parts),
+                       num_output_tokens=sum(p.num_output_tokens for p in parts),
+                       num_cached_tokens=sum(p.num_cached_tokens for p in parts),
+                       time_to_first_token=min(times) if times else None, finished=not running,
+                       finish_reason=parts[-1].finish_reason, reported_at=max(p.reported_at for p in parts),
+                       error_code=next((p.error_code for p in parts if p.error_code), None))
+
+
 def _lost_records() -> list[UsageRecord]:
     """Running records whose process is dead. Those younger than a lease cannot be: their process
     renewed its lease as it wrote them."""
@@ -98,15 +122,17 @@ def usage_reconcile() -> int:
     if not lost:
         return 0
     client = get_engine_client(settings.REDIS_URL)
-    reports = client.usage_reports([r.request_id for r in lost])
+    reports = client.usage_reports([i for r in lost for i in _engine_ids(r)])
     live = {w.worker_id for w in client.live_workers()}
     closed = 0
     for record in lost:
-        report = reports.get(record.request_id)
+        parts = [reports[i] for i in _engine_ids(record) if i in reports]
+        report = _summed(record.request_id, parts)
         model = record.model.slug if record.model is not None else record.model_name
         if report is None or not report.finished:
             # Nobody reads its answer any more: stop it, or keep a worker that has not taken it yet from starting it.
-            client.abort_now(model, [record.request_id])
+            client.abort_now(model, [record.request_id] + [p.request_id for p in parts
+                                                           if not p.finished and p.request_id != record.request_id])
         if report is not None and not report.finished and report.worker_id in live:
             continue  # its last chunk, with the final counts, comes with the abort
         closed += usage_record_close_lost(record=record, report=report)
