@@ -5,7 +5,6 @@ membership behind), each change audited with the signing-in user as its actor.""
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 
 from webapp.accounts.models import SsoGroupRule, SsoIdentity
@@ -17,7 +16,7 @@ from webapp.orgs.models import Membership
 ROLE_RANK = {Membership.Role.MEMBER: 0, Membership.Role.ADMIN: 1, Membership.Role.OWNER: 2}
 
 
-class SsoRefused(SuspiciousOperation):
+class SsoRefused(Exception):
     """The provider's answer cannot sign anyone in (a bad claim, no account and no creation)."""
 
 

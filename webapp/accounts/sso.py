@@ -52,7 +52,7 @@ class SsoBackend(OIDCAuthenticationBackend):
     def get_or_create_user(self, access_token, id_token, payload):
         claims = self.get_userinfo(access_token, id_token, payload)
         if not isinstance(claims, dict) or claims.get("sub") != payload.get("sub"):
-            raise SuspiciousOperation("the provider's userinfo is not about the id token's subject")
+            raise ValueError("the provider's userinfo is not about the id token's subject")  # not caught by the library
         return sso_user_sync(issuer=payload["iss"], claims=claims, groups_claim=settings.PAGODA_OIDC_GROUPS_CLAIM,
                              username_claim=settings.PAGODA_OIDC_USERNAME_CLAIM,
                              create_users=settings.OIDC_CREATE_USER, ip=self.request.META.get("REMOTE_ADDR"))
@@ -91,9 +91,9 @@ class SsoCallbackView(SsoOnlyMixin, OIDCAuthenticationCallbackView):
             log.warning("sso: provider unreachable: %s", error)
             return self.login_page(f"{provider} could not be reached, so sign-in through it failed. "
                                    "Try again later.", status=502)
-        except (requests.RequestException, ValueError, KeyError, TypeError, jwt.PyJWTError,
-                SuspiciousOperation) as error:  # an HTTP error, non-JSON, a bad or forged token
-            log.warning("sso: unusable answer from the provider: %s: %s", type(error).__name__, error)
+        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError, jwt.PyJWTError,
+                SuspiciousOperation) as error:  # an HTTP error, non-JSON or JSON of another shape, a bad or forged token
+            log.warning("sso: unusable answer from the provider: %s: %s", type(error).__name__, error, exc_info=True)
             return self.login_page(f"{provider} answered with something that is not a valid sign-in, "
                                    "so sign-in through it failed.", status=502)
 
