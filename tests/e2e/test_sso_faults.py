@@ -17,9 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.oidc_provider.process import CLIENT_ID
+from tests.oidc_provider.process import CLIENT_ID, sso_on
 from tests.webapp.orgs_fixtures import team
-from tests.webapp.test_sso import sso_on
 from webapp.accounts.models import SsoGroupRule, SsoIdentity
 from webapp.audit.models import AuditEntry
 from webapp.orgs.models import Membership

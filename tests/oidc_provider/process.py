@@ -1,5 +1,6 @@
 """Starting the test provider (serve.py) from a test: an RSA key made here, a free loopback port,
-its own SQLite file; and the PAGODA_OIDC_* environment that points a Pagoda at it."""
+its own SQLite file; and the PAGODA_OIDC_* environment (or, in-process, the settings) that point a
+Pagoda at it."""
 
 from __future__ import annotations
 
@@ -77,3 +78,13 @@ def pagoda_env(issuer: str, **extra: str) -> dict[str, str]:
             "PAGODA_OIDC_TOKEN_ENDPOINT": f"{issuer}/token/",
             "PAGODA_OIDC_USERINFO_ENDPOINT": f"{issuer}/userinfo/",
             "PAGODA_OIDC_JWKS_ENDPOINT": f"{issuer}/.well-known/jwks.json", **extra}
+
+
+def sso_on(settings, issuer: str, **extra: str) -> None:
+    """pytest-django's ``settings`` as webapp/config/settings/base.py makes them from pagoda_env(issuer)."""
+    from webapp.config.env import oidc_settings
+
+    for name, value in oidc_settings(pagoda_env(issuer, **extra)).items():
+        setattr(settings, name, value)
+    settings.AUTHENTICATION_BACKENDS = (["django.contrib.auth.backends.ModelBackend"] if settings.PAGODA_LOCAL_LOGIN
+                                        else []) + ["webapp.accounts.sso.SsoBackend"]

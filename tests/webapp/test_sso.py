@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
 from tests.conftest import free_port
-from tests.oidc_provider.process import pagoda_env
+from tests.oidc_provider.process import pagoda_env, sso_on
 from tests.webapp.orgs_fixtures import member, team
 from webapp.accounts.models import SsoGroupRule, SsoIdentity
 from webapp.accounts.services import SsoRefused, sso_user_sync
@@ -23,14 +23,6 @@ from webapp.orgs.models import Membership
 pytestmark = pytest.mark.django_db
 ISSUER = "https://idp.example"
 PASSWORD = "local-pw-5512"
-
-
-def sso_on(settings, issuer: str, **extra: str) -> None:
-    """``settings`` as base.py makes them from pagoda_env(issuer)."""
-    for name, value in oidc_settings(pagoda_env(issuer, **extra)).items():
-        setattr(settings, name, value)
-    settings.AUTHENTICATION_BACKENDS = (["django.contrib.auth.backends.ModelBackend"] if settings.PAGODA_LOCAL_LOGIN
-                                        else []) + ["webapp.accounts.sso.SsoBackend"]
 
 
 def sign_in(claims: dict, create_users: bool = True):
