@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from django import forms
+from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
@@ -15,7 +16,12 @@ class ThrottledLoginMixin:
     throttled_message = ("Too many failed login attempts for this account or from this address. "
                          "Try again in %(minutes)s minute(s).")
 
+    local_login_off_message = "Password login is turned off on this site: sign in with %(provider)s."
+
     def clean(self):
+        if not settings.PAGODA_LOCAL_LOGIN:
+            raise forms.ValidationError(self.local_login_off_message, code="local_login_off",
+                                        params={"provider": getattr(settings, "PAGODA_OIDC_PROVIDER_NAME", "")})
         username = self.cleaned_data.get("username") or ""
         ip = self.request.META.get("REMOTE_ADDR") if self.request is not None else None
         wait = login_locked_for(username=username, ip=ip)

@@ -113,3 +113,41 @@ def database_from_url(url: str | None, sqlite_path: Path) -> dict:
             "PORT": str(parts.port or ""),
         }
     raise ImproperlyConfigured(f"DATABASE_URL: unsupported scheme {parts.scheme!r}")
+
+
+OIDC_ENDPOINTS = {  # mozilla-django-oidc's setting: the environment variable that sets it
+    "OIDC_OP_AUTHORIZATION_ENDPOINT": "PAGODA_OIDC_AUTHORIZATION_ENDPOINT",
+    "OIDC_OP_TOKEN_ENDPOINT": "PAGODA_OIDC_TOKEN_ENDPOINT",
+    "OIDC_OP_USER_ENDPOINT": "PAGODA_OIDC_USERINFO_ENDPOINT",
+    "OIDC_OP_JWKS_ENDPOINT": "PAGODA_OIDC_JWKS_ENDPOINT",
+}
+
+
+def oidc_settings(environ: dict[str, str]) -> dict:
+    """Single sign-on's settings (webapp/accounts/sso.py) from ``PAGODA_OIDC_*``: off (no button,
+    no backend) while PAGODA_OIDC_CLIENT_ID is unset; once set, every endpoint must be too.
+    PAGODA_LOCAL_LOGIN=off turns password login off, which needs single sign-on on."""
+    client_id = environ.get("PAGODA_OIDC_CLIENT_ID", "").strip()
+    local_login = env_bool(environ, "PAGODA_LOCAL_LOGIN", True)
+    if not client_id:
+        if not local_login:
+            raise ImproperlyConfigured("PAGODA_LOCAL_LOGIN=off needs single sign-on: set PAGODA_OIDC_CLIENT_ID "
+                                       "and the PAGODA_OIDC_*_ENDPOINT variables, or nobody can log in")
+        return {"PAGODA_SSO_ENABLED": False, "PAGODA_LOCAL_LOGIN": True}
+    missing = [name for name in OIDC_ENDPOINTS.values() if not environ.get(name, "").strip()]
+    if missing:
+        raise ImproperlyConfigured(f"PAGODA_OIDC_CLIENT_ID is set, so single sign-on needs {', '.join(missing)} too")
+    return {
+        "PAGODA_SSO_ENABLED": True,
+        "PAGODA_LOCAL_LOGIN": local_login,
+        "PAGODA_OIDC_PROVIDER_NAME": environ.get("PAGODA_OIDC_PROVIDER_NAME", "").strip() or "single sign-on",
+        "PAGODA_OIDC_ISSUER": environ.get("PAGODA_OIDC_ISSUER", "").strip(),  # checked against the id token's iss
+        "PAGODA_OIDC_GROUPS_CLAIM": environ.get("PAGODA_OIDC_GROUPS_CLAIM", "").strip() or "groups",
+        "PAGODA_OIDC_USERNAME_CLAIM": environ.get("PAGODA_OIDC_USERNAME_CLAIM", "").strip() or "preferred_username",
+        "OIDC_CREATE_USER": env_bool(environ, "PAGODA_OIDC_CREATE_USERS", True),
+        "OIDC_RP_CLIENT_ID": client_id,
+        "OIDC_RP_CLIENT_SECRET": environ.get("PAGODA_OIDC_CLIENT_SECRET", ""),
+        "OIDC_RP_SCOPES": environ.get("PAGODA_OIDC_SCOPES", "").strip() or "openid email profile",
+        "OIDC_RP_SIGN_ALGO": environ.get("PAGODA_OIDC_SIGN_ALGO", "").strip() or "RS256",
+        **{setting: environ[name].strip() for setting, name in OIDC_ENDPOINTS.items()},
+    }

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", include("webapp.openai_api.urls")),
     path("account/", include("webapp.orgs.urls")),  # members' own keys, usage, budgets and teams
     path("admin/", admin.site.urls),
+    path("sso/", include("webapp.accounts.urls")),  # single sign-on (OpenID Connect), 404s while off
     path("console/", include("webapp.console.urls")),
     path("", include("webapp.search.urls")),
     path("", include("webapp.sharing.urls")),

@@ -8,7 +8,7 @@ the Celery broker; DATABASE_URL usually points at PostgreSQL.
 import os
 from pathlib import Path
 
-from webapp.config.env import database_from_url, env_list
+from webapp.config.env import database_from_url, env_list, oidc_settings
 from workers.config_file import load_config as load_pagoda_config
 
 BASE_DIR = Path(__file__).resolve().parents[3]  # the repository root, where manage.py lives
@@ -62,6 +62,16 @@ ROOT_URLCONF = "webapp.config.urls"
 LOGIN_URL = "chat:login"
 LOGIN_REDIRECT_URL = "chat:index"
 LOGOUT_REDIRECT_URL = "chat:login"
+
+# Single sign-on with OpenID Connect through mozilla-django-oidc (webapp/accounts/sso.py; the
+# PAGODA_OIDC_* variables, docs/organisations.md): off until PAGODA_OIDC_CLIENT_ID is set. Sets
+# PAGODA_SSO_ENABLED, PAGODA_LOCAL_LOGIN and, when on, the library's OIDC_* settings.
+globals().update(oidc_settings(os.environ))
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso:callback"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10  # seconds for each call to the provider: a hung provider is a failed login, not a hung one
+AUTHENTICATION_BACKENDS = (["django.contrib.auth.backends.ModelBackend"] if PAGODA_LOCAL_LOGIN else []) + (  # noqa: F821
+    ["webapp.accounts.sso.SsoBackend"] if PAGODA_SSO_ENABLED else [])  # noqa: F821
 WSGI_APPLICATION = "webapp.config.wsgi.application"
 ASGI_APPLICATION = "webapp.config.asgi.application"
 
