@@ -12,6 +12,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("webapp.console.urls")),
     path("", include("webapp.search.urls")),
+    path("", include("webapp.rag.urls")),
     path("", include("webapp.sharing.urls")),
     path("", include("webapp.chat.urls")),
 ]
