@@ -68,12 +68,13 @@ def documents_clean(value) -> list[dict]:
 
 def prompt_text(*, content: str, attachments: list[dict]) -> str:
     """A user message as the model reads it: each document whole, then the message."""
-    parts = [f'<document name="{d["name"]}">\n{d["text"]}\n</document>\n\n' for d in attachments]
+    parts = [f'<document name="{d["name"]}">\n{d["text"].replace(chr(12), chr(10) * 2)}\n</document>\n\n'
+             for d in attachments]
     return "".join(parts) + content
 
 
 def pdf_text(name: str, data: bytes) -> str:
-    """The text layer of a PDF, its pages separated by blank lines; DocumentError saying why not."""
+    """The text layer of a PDF, its pages separated by form feeds; DocumentError saying why not."""
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -93,8 +94,9 @@ def pdf_text(name: str, data: bytes) -> str:
     except (PdfReadError, ValueError, KeyError, TypeError, OSError) as exc:
         logger.info("could not read the PDF %s: %s", name, exc)
         raise DocumentError(f"{name} could not be read as a PDF.") from exc
-    text = "\n\n".join(p for p in pages if p).replace("\x00", "")
-    if not text:
+    # Pages are separated by form feeds (page breaks), empty ones kept: retrieval cites page numbers.
+    text = "\f".join(p.replace("\f", " ") for p in pages).replace("\x00", "")
+    if not text.strip("\f"):
         raise DocumentError(f"{name} has no text to read (a scanned PDF needs OCR first).")
     if len(text) > MAX_DOCUMENT_CHARS:
         raise DocumentError(f"{name} has more than {MAX_DOCUMENT_CHARS:,} characters of text.")
