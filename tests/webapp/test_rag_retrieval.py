@@ -108,3 +108,29 @@ def test_a_user_never_gets_another_users_chunk(alice, bob, smol, smollm2_hf_toke
     assert conversation_search(user=bob, text="heliotrope vault")[0].conversation_id == bobs.conversation.pk
     assert all(hit.conversation_id == bobs.conversation.pk for hit in conversation_search(user=bob, text="vault"))
     assert logged_in(alice).get(f"/rag/passages/{alice_chunk}").status_code == 200
+
+
+def test_retrieval_latency_and_prompt_tokens_against_pasting_the_whole_text(alice, smol, smollm2_hf_tokenizer):
+    """A printout, not a timing assertion: indexing and retrieval for a 60-page document, and the
+    prompt tokens of the retrieved turn against the whole text's."""
+    import time
+
+    from webapp.rag.services import documents_ingest
+
+    document = paged_document("log.pdf", 41, "The keeper's cat is called Biscuit.")
+    turn = prepare(alice, type="send", content="What is the keeper's cat called?", documents=[document])
+    Document.objects.all().delete()
+    started = time.perf_counter()
+    documents = documents_ingest(message=turn.user_message)
+    indexed = time.perf_counter()
+    timings = []
+    for _ in range(20):
+        begun = time.perf_counter()
+        passages = passages_retrieve(owner_id=alice.pk, document_ids=[d.pk for d in documents],
+                                     question="What is the keeper's cat called?", max_chars=6144, max_passages=6)
+        timings.append(time.perf_counter() - begun)
+    whole_tokens = len(smollm2_hf_tokenizer.encode(document["text"]))
+    print(f"\n60 pages, {len(document['text']):,} chars, {Chunk.objects.count()} chunks: indexed in "
+          f"{1000 * (indexed - started):.1f} ms; retrieval median {1000 * sorted(timings)[10]:.2f} ms; "
+          f"prompt {len(turn.prompt_token_ids)} tokens with retrieval, {whole_tokens} for the whole text alone")
+    assert passages[0].page == 41 and len(turn.prompt_token_ids) < whole_tokens // 4
