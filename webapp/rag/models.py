@@ -36,6 +36,10 @@ class Chunk(models.Model):
     start = models.PositiveIntegerField()  # Document.text[start:end] == text
     end = models.PositiveIntegerField()
     text = models.TextField()  # indexed by the keyword index (migrations/0002_chunk_fts.py)
+    # The chunk's vector (float32, little-endian) from the embedding model ``embedding_model``, when
+    # one was active at ingestion (vectors.py); null: keyword search only.
+    embedding = models.BinaryField(null=True)
+    embedding_model = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["document_id", "ordinal"]

@@ -21,8 +21,9 @@ class IngestError(ValueError):
 
 
 @transaction.atomic
-def documents_ingest(*, message) -> list[Document]:
-    """The documents of ``message`` (a user message with attachments) as indexed Documents."""
+def documents_ingest(*, message, embedder=None) -> list[Document]:
+    """The documents of ``message`` (a user message with attachments) as indexed Documents; with an
+    ``embedder`` (vectors.Embedder), their chunks not yet embedded by its model get its vectors."""
     existing = {d.position: d for d in Document.objects.filter(message=message)}
     documents = []
     for position, attachment in enumerate(message.attachments):
@@ -41,4 +42,17 @@ def documents_ingest(*, message) -> list[Document]:
         Chunk.objects.bulk_create(Chunk(document=document, ordinal=s.ordinal, page=s.page, heading=s.heading,
                                         start=s.start, end=s.end, text=text[s.start:s.end]) for s in spans)
         documents.append(document)
+    if embedder is not None:
+        _embed(documents, embedder)
     return documents
+
+
+def _embed(documents: list[Document], embedder) -> None:
+    chunks = list(Chunk.objects.filter(document__in=documents).exclude(embedding_model=embedder.slug)
+                  .order_by("document_id", "ordinal"))
+    vectors = embedder.embed([chunk.text for chunk in chunks]) if chunks else None
+    if vectors is None:
+        return
+    for chunk, vector in zip(chunks, vectors):
+        chunk.embedding, chunk.embedding_model = vector, embedder.slug
+    Chunk.objects.bulk_update(chunks, ["embedding", "embedding_model"], batch_size=200)

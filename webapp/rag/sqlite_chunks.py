@@ -1,21 +1,15 @@
 """Embedded mode's keyword index over chunks: an FTS5 external-content table over ``rag_chunk.text``
-kept in step by triggers, with search's tokenizer (webapp.search.sqlite_fts: Porter over unicode61)."""
+kept in step by triggers, made and healed as search's own are (webapp.search.sqlite_fts: the same
+Porter over unicode61 tokenizer, and triggers put back after a migration that rebuilds the table)."""
 
 from __future__ import annotations
 
-from webapp.search.sqlite_fts import TOKENIZE
+from webapp.search.sqlite_fts import EXTRA_INDEXES, create_statements, drop_statements
 
-FTS = "rag_chunk_fts"
-_INSERT = f"INSERT INTO {FTS}(rowid, text) VALUES (new.id, new.text);"
-_DELETE = f"INSERT INTO {FTS}({FTS}, rowid, text) VALUES ('delete', old.id, old.text);"
-TRIGGERS = {
-    f"{FTS}_ai": f"CREATE TRIGGER IF NOT EXISTS {FTS}_ai AFTER INSERT ON rag_chunk BEGIN {_INSERT} END",
-    f"{FTS}_ad": f"CREATE TRIGGER IF NOT EXISTS {FTS}_ad AFTER DELETE ON rag_chunk BEGIN {_DELETE} END",
-    f"{FTS}_au": f"CREATE TRIGGER IF NOT EXISTS {FTS}_au AFTER UPDATE OF text ON rag_chunk BEGIN {_DELETE} {_INSERT} END",
-}
-CREATE = [f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5(text, content='rag_chunk', content_rowid='id', "
-          f"tokenize='{TOKENIZE}')", *TRIGGERS.values(), f"INSERT INTO {FTS}({FTS}) VALUES ('rebuild')"]
-DROP = [*(f"DROP TRIGGER IF EXISTS {name}" for name in TRIGGERS), f"DROP TABLE IF EXISTS {FTS}"]
+INDEXES = EXTRA_INDEXES  # healed after any migration that rebuilds rag_chunk (search/apps.py)
+FTS = INDEXES[0][0]
+CREATE = create_statements(INDEXES)
+DROP = drop_statements(INDEXES)
 
 
 def search(connection, *, owner_id: int, document_ids: list[int], tokens: list[str], limit: int) -> list[int]:
