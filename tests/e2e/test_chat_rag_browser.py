@@ -95,6 +95,13 @@ def test_a_50_page_pdf_answer_cites_the_page_with_the_fact_in_the_side_panel(pag
     expect(page.locator("#passage-title")).to_have_text(f"harbour-log.pdf, page {FACT_PAGE}")
     expect(panel.locator("mark.passage-hit")).to_contain_text("cat is called Biscuit")  # pypdf reads ' as \u2019
     page.screenshot(path=str(artifacts_dir / "chat-rag-passage.png"))
+    page.emulate_media(color_scheme="dark")  # the panel follows the theme
+    page.screenshot(path=str(artifacts_dir / "chat-rag-passage-dark.png"))
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the panel takes the width
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.screenshot(path=str(artifacts_dir / "chat-rag-passage-phone.png"))
+    page.locator("#passage-close").click()
+    expect(panel).to_be_hidden()
 
     conversation = page.url.rstrip("/").split("/")[-1]
     with sqlite3.connect(chat_site.db_path) as db:

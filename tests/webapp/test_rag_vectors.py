@@ -17,7 +17,7 @@ from tests.webapp.test_rag_retrieval import paged_document
 from webapp.rag.models import Chunk, Document
 from webapp.rag.vectors import vector_ranking
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]  # full-text search, transactions
 SYNONYMS = {"feline": "cat", "kitty": "cat", "named": "called"}
 DIMENSIONS = 4096
 

@@ -2,14 +2,16 @@
 
 The page reads the file (UTF-8) and sends it with the turn as {"name", "text"}; it is stored on
 the user message (``Message.attachments``) and rendered into that message's prompt text the same
-way every turn, so a conversation's later turns find it in the prefix cache. Never chunked or
-cut: a turn whose prompt (documents included) leaves no room in the model's context is refused
+way every turn, so a conversation's later turns find it in the prefix cache. That is up to
+PAGODA_RAG_PASTE_MAX_CHARS; past it the documents are chunked and retrieved from instead
+(chat.grounding, webapp.rag). A turn whose prompt leaves no room in the model's context is refused
 with a message saying how many tokens it needs and how many the model reads
 (services.turn_prepare).
 
 Accepted: plain text, Markdown, CSV/TSV, JSON/YAML/TOML/XML/HTML and source code, by extension;
 a file with NUL characters is binary and refused. A PDF is read here instead (``pdf_text``, with
-pypdf; the page posts it to ``chat:document-text`` first): its text layer, page by page, then sent
+pypdf; the page posts it to ``chat:document-text`` first): its text layer, pages separated by form
+feeds (retrieval cites page numbers; pasted whole they read as blank lines), then sent
 as any text document is; one without text (a scan), encrypted or unreadable is refused saying so.
 """
 
