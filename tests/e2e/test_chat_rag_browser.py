@@ -98,6 +98,7 @@ def test_a_50_page_pdf_answer_cites_the_page_with_the_fact_in_the_side_panel(pag
     page.emulate_media(color_scheme="dark")  # the panel follows the theme
     page.screenshot(path=str(artifacts_dir / "chat-rag-passage-dark.png"))
     page.set_viewport_size({"width": 390, "height": 844})  # a phone: the panel takes the width
+    page.wait_for_timeout(600)  # the drawer's slide
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     page.screenshot(path=str(artifacts_dir / "chat-rag-passage-phone.png"))
     page.locator("#passage-close").click()
