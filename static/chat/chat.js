@@ -11,6 +11,7 @@
   const { renderMarkdown, addCopyButtons } = window.PagodaRender;
   const attached = window.PagodaDocuments((text) => showError(text), () => promptEl.focus());
   const documentChips = attached.chips;
+  const citations = window.PagodaCitations($("passage-panel").dataset.url);
   const { markRunning, addSidebarEntry } = window.PagodaSidebar;
 
   let conversationId = state.conversation ? state.conversation.id : null;
@@ -84,6 +85,7 @@
     } else {
       if (m.id) el.dataset.content = m.content || ""; // the Markdown, for "copy the last answer"
       setAssistantBody(body, m.content || "");
+      citations.decorate(body, footer, m.sources);
       const meta = document.createElement("span");
       meta.className = "meta"; meta.textContent = metaText(m);
       footer.appendChild(meta);

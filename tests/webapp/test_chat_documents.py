@@ -1,4 +1,4 @@
-"""Documents attached to a chat message: the whole text joins the prompt (never chunked), stays
+"""Documents attached to a chat message, up to PAGODA_RAG_PASTE_MAX_CHARS: the whole text joins the prompt, stays
 with the message for every later turn, and a turn that does not fit the model's context is
 refused with a message saying so, before anything is saved."""
 
@@ -42,7 +42,8 @@ def test_a_20_kb_document_reaches_the_prompt_whole_and_stays_for_the_next_turn(a
     assert message_to_dict(stored)["documents"] == ["log.txt"]
 
 
-def test_a_document_that_does_not_fit_the_context_is_refused_saying_so(alice, smol):
+def test_a_document_that_does_not_fit_the_context_is_refused_saying_so(alice, smol, settings):
+    settings.PAGODA_RAG_PASTE_MAX_CHARS = 1_000_000  # pasted whole (past the default, it is retrieved from)
     big = {"name": "big.md", "text": "word " * 40_000}
 
     with pytest.raises(ChatInputError) as refused:

@@ -52,7 +52,7 @@ def test_a_pdfs_text_comes_back_page_by_page_and_attaches_like_a_text_file(alice
     assert response.status_code == 200
     answer = response.json()
     assert answer["name"] == "birds.pdf"
-    assert answer["text"].split("\n\n") == ["The PELICAN fishes.", "The ALBATROSS glides."]
+    assert answer["text"].split("\f") == ["The PELICAN fishes.", "The ALBATROSS glides."]  # page breaks
     assert documents_clean([answer]) == [answer]  # what the page then sends with the message
 
 

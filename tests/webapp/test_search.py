@@ -162,7 +162,8 @@ def test_this_pythons_sqlite_has_fts5_and_the_index_tables_exist():
     assert fts5_missing_reason(connection) is None
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%USING fts5%'")
-        assert {row[0] for row in cursor.fetchall()} == {"search_message_fts", "search_conversation_fts"}
+        assert {row[0] for row in cursor.fetchall()} == {"search_message_fts", "search_conversation_fts",
+                                                        "rag_chunk_fts"}  # webapp.rag's chunks
 
 
 @pytest.mark.sqlite

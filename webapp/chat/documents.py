@@ -2,14 +2,16 @@
 
 The page reads the file (UTF-8) and sends it with the turn as {"name", "text"}; it is stored on
 the user message (``Message.attachments``) and rendered into that message's prompt text the same
-way every turn, so a conversation's later turns find it in the prefix cache. Never chunked or
-cut: a turn whose prompt (documents included) leaves no room in the model's context is refused
+way every turn, so a conversation's later turns find it in the prefix cache. That is up to
+PAGODA_RAG_PASTE_MAX_CHARS; past it the documents are chunked and retrieved from instead
+(chat.grounding, webapp.rag). A turn whose prompt leaves no room in the model's context is refused
 with a message saying how many tokens it needs and how many the model reads
 (services.turn_prepare).
 
 Accepted: plain text, Markdown, CSV/TSV, JSON/YAML/TOML/XML/HTML and source code, by extension;
 a file with NUL characters is binary and refused. A PDF is read here instead (``pdf_text``, with
-pypdf; the page posts it to ``chat:document-text`` first): its text layer, page by page, then sent
+pypdf; the page posts it to ``chat:document-text`` first): its text layer, pages separated by form
+feeds (retrieval cites page numbers; pasted whole they read as blank lines), then sent
 as any text document is; one without text (a scan), encrypted or unreadable is refused saying so.
 """
 
@@ -68,12 +70,13 @@ def documents_clean(value) -> list[dict]:
 
 def prompt_text(*, content: str, attachments: list[dict]) -> str:
     """A user message as the model reads it: each document whole, then the message."""
-    parts = [f'<document name="{d["name"]}">\n{d["text"]}\n</document>\n\n' for d in attachments]
+    parts = [f'<document name="{d["name"]}">\n{d["text"].replace(chr(12), chr(10) * 2)}\n</document>\n\n'
+             for d in attachments]
     return "".join(parts) + content
 
 
 def pdf_text(name: str, data: bytes) -> str:
-    """The text layer of a PDF, its pages separated by blank lines; DocumentError saying why not."""
+    """The text layer of a PDF, its pages separated by form feeds; DocumentError saying why not."""
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -93,8 +96,9 @@ def pdf_text(name: str, data: bytes) -> str:
     except (PdfReadError, ValueError, KeyError, TypeError, OSError) as exc:
         logger.info("could not read the PDF %s: %s", name, exc)
         raise DocumentError(f"{name} could not be read as a PDF.") from exc
-    text = "\n\n".join(p for p in pages if p).replace("\x00", "")
-    if not text:
+    # Pages are separated by form feeds (page breaks), empty ones kept: retrieval cites page numbers.
+    text = "\f".join(p.replace("\f", " ") for p in pages).replace("\x00", "")
+    if not text.strip("\f"):
         raise DocumentError(f"{name} has no text to read (a scanned PDF needs OCR first).")
     if len(text) > MAX_DOCUMENT_CHARS:
         raise DocumentError(f"{name} has more than {MAX_DOCUMENT_CHARS:,} characters of text.")

@@ -41,6 +41,9 @@ class Message(models.Model):
     content = models.TextField(blank=True)
     # Documents attached to a user message, [{"name", "text"}]: their whole text joins its prompt.
     attachments = models.JSONField(default=list, blank=True)
+    # The passages an answer's prompt carried, [{"n", "chunk", "document", "page"}]: its [n] markers
+    # cite them (webapp.rag; empty when the documents were pasted whole).
+    sources = models.JSONField(default=list, blank=True)
     model_name = models.CharField(max_length=64, blank=True)  # which model answered (assistant messages)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -80,7 +80,8 @@ def message_to_dict(message: Message) -> dict:
     return {"id": message.pk, "role": message.role, "content": message.content, "model": message.model_name,
             "parent": message.parent_id, "documents": [d["name"] for d in message.attachments],
             "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
-            "cached_prompt_tokens": message.cached_prompt_tokens, "finish_reason": message.finish_reason}
+            "cached_prompt_tokens": message.cached_prompt_tokens, "finish_reason": message.finish_reason,
+            "sources": message.sources}
 
 
 def preset_list(*, user) -> list[dict]:

@@ -11,16 +11,18 @@ history is tokenized, settled in ``turn_finish``.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from webapp.chat.documents import DocumentError, documents_clean, prompt_text
+from webapp.chat.documents import DocumentError, documents_clean
+from webapp.chat.grounding import grounded_history
 from webapp.chat.models import Conversation, Message, ModelChatDefaults, SystemPromptPreset
 from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
+from webapp.rag.services import IngestError
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
 from webapp.keys.models import FAIR_SHARE_WEIGHT_DEFAULT, ChatLimits
@@ -70,6 +72,7 @@ class Turn:
     limits: ChatLimits | None = None  # what the turn holds until turn_finish settles it
     is_finished: bool = False
     shared_prefix_len: int = 0  # leading prompt tokens of a staff-shared system prompt
+    sources: list = field(default_factory=list)  # the passages the prompt carries (Message.sources)
 
     def engine_request(self) -> GenerateRequest:
         # The logged-in user, never the page's message: the engine scopes its prefix cache to them,
@@ -262,9 +265,14 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation.current_leaf = user_message
             conversation.save(update_fields=["model_name", "system_prompt", "sampling", "current_leaf", "updated_at"])
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+            max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             # The prompt is the path shown, up to the message answered: other branches stay out of it.
-            history += [{"role": m.role, "content": prompt_text(content=m.content, attachments=m.attachments)}
-                        for m in Tree(conversation).path_to(user_message)]
+            try:
+                path, sources = grounded_history(user=user, path=Tree(conversation).path_to(user_message),
+                                                 answered=user_message, max_model_len=max_model_len)
+            except IngestError as exc:
+                raise ChatInputError("invalid_document", exc.message, "documents") from None
+            history += path
             try:
                 # The same rendering every turn, so a conversation's earlier turns are a prefix of the
                 # next prompt and the engine's prefix cache serves them.
@@ -272,7 +280,6 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             except ChatTemplateError as exc:
                 raise ChatInputError("invalid_parameter", str(exc), "messages") from exc
             num_shared = shared_prefix_len(tokenizer=tokenizer, messages=history, prompt_ids=prompt_ids)
-            max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             _check_fits(prompt_ids, params["max_tokens"], max_model_len, user_message, slug)
             try:  # last, so that a refusal also takes back the saved message
                 limits_reserve(subject=limits, request_id=request_id, tokens=worst_case_tokens(
@@ -287,7 +294,7 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
         raise
     return Turn(request_id=request_id, user=user, conversation=conversation,
                 user_message=user_message, model=version.model, version=version, prompt_token_ids=prompt_ids,
-                params=params, started=started, limits=limits, shared_prefix_len=num_shared)
+                params=params, started=started, limits=limits, shared_prefix_len=num_shared, sources=sources)
 
 
 def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Message | None:
@@ -310,7 +317,7 @@ def turn_finish(*, turn: Turn, outcome: Outcome, aborted: bool = False) -> Messa
                 conversation=turn.conversation, parent=turn.user_message, role=Message.Role.ASSISTANT,
                 content=outcome.text, model_name=turn.model.slug, prompt_tokens=record.prompt_tokens,
                 completion_tokens=record.completion_tokens, cached_prompt_tokens=record.cached_prompt_tokens,
-                finish_reason=finish_reason)
+                finish_reason=finish_reason, sources=turn.sources)
             Conversation.objects.filter(pk=turn.conversation.pk).update(current_leaf=answer)
             return answer
     except BaseException:  # rolled back, the settling too: free what the turn holds

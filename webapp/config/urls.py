@@ -13,6 +13,7 @@ urlpatterns = [
     path("sso/", include("webapp.accounts.urls")),  # single sign-on (OpenID Connect), 404s while off
     path("console/", include("webapp.console.urls")),
     path("", include("webapp.search.urls")),
+    path("", include("webapp.rag.urls")),
     path("", include("webapp.sharing.urls")),
     path("", include("webapp.chat.urls")),
 ]

@@ -15,6 +15,8 @@ TOKENIZE = "porter unicode61 remove_diacritics 2"
 INDEXES = (("search_message_fts", "chat_message", "content"),
            ("search_conversation_fts", "chat_conversation", "title"))
 SNIPPET_TOKENS = 16
+# Other apps' FTS5 tables over their own tables, healed here too: (fts table, table, column).
+EXTRA_INDEXES = (("rag_chunk_fts", "rag_chunk", "text"),)  # webapp.rag.sqlite_chunks
 
 
 def _triggers(fts: str, table: str, column: str) -> dict[str, str]:
@@ -40,9 +42,9 @@ def fts5_missing_reason(connection) -> str | None:
             "use a Python whose sqlite3 has it (python.org and Debian builds do) or PostgreSQL (DATABASE_URL)")
 
 
-def create_statements() -> list[str]:
+def create_statements(indexes=INDEXES) -> list[str]:
     statements = []
-    for fts, table, column in INDEXES:
+    for fts, table, column in indexes:
         statements.append(f"CREATE VIRTUAL TABLE IF NOT EXISTS {fts} USING fts5({column}, content='{table}', "
                           f"content_rowid='id', tokenize='{TOKENIZE}')")
         statements.extend(_triggers(fts, table, column).values())
@@ -50,21 +52,21 @@ def create_statements() -> list[str]:
     return statements
 
 
-def drop_statements() -> list[str]:
+def drop_statements(indexes=INDEXES) -> list[str]:
     statements = []
-    for fts, table, column in INDEXES:
+    for fts, table, column in indexes:
         statements.extend(f"DROP TRIGGER IF EXISTS {name}" for name in _triggers(fts, table, column))
         statements.append(f"DROP TABLE IF EXISTS {fts}")
     return statements
 
 
-def heal_triggers(connection) -> list[str]:
+def heal_triggers(connection, indexes=INDEXES) -> list[str]:
     """Recreate any missing trigger (and rebuild that index from the chat table); the names recreated."""
     healed = []
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'trigger')")
         present = {row[0] for row in cursor.fetchall()}
-        for fts, table, column in INDEXES:
+        for fts, table, column in indexes:
             if fts not in present or table not in present:
                 continue  # the search migration has not run (or was reversed): nothing to heal
             missing = {name: sql for name, sql in _triggers(fts, table, column).items() if name not in present}
@@ -81,6 +83,7 @@ def heal_after_migrate(sender, using="default", **kwargs) -> None:
 
     if connections[using].vendor == "sqlite":
         heal_triggers(connections[using])
+        heal_triggers(connections[using], EXTRA_INDEXES)
 
 
 def search(connection, *, user_id: int, tokens: list[str], limit: int) -> list[SearchHit]:

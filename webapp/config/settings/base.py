@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "webapp.console",
     "webapp.batches",
     "webapp.search",
+    "webapp.rag",
     "webapp.sharing",
 ]
 
@@ -240,3 +241,9 @@ CELERY_BEAT_SCHEDULE = {
                                     "options": {"expires": PAGODA_METRICS_INTERVAL_S}},
     "monitoring-purge-snapshots": {"task": "monitoring.purge_snapshots", "schedule": crontab(minute=5)},
 }
+
+# Chat documents (webapp.chat.grounding): up to this many characters, a conversation's documents are
+# pasted whole into the prompt; past it, only the passages retrieved for each question are.
+PAGODA_RAG_PASTE_MAX_CHARS = int(os.environ.get("PAGODA_RAG_PASTE_MAX_CHARS", "24000"))
+# With an embedding model active, chunks and questions are embedded too and the two rankings fused.
+PAGODA_RAG_EMBEDDINGS = os.environ.get("PAGODA_RAG_EMBEDDINGS", "1") == "1"
