@@ -24,7 +24,8 @@ AXE = Path(__file__).resolve().parents[1] / "vendor" / "axe-core" / "axe.min.js"
 USERNAME, PASSWORD = "designer", "designer-pw-77"
 TIMEOUT_MS = 120_000
 DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
-CONSOLE_PAGES = ["workers", "usage", "models", "chat-defaults", "keys", "chat-limits", "jobs", "batches"]
+CONSOLE_PAGES = ["workers", "usage", "models", "chat-defaults", "keys", "orgs", "prices", "budgets", "audit",
+                 "chat-limits", "jobs", "batches"]
 ANSWER = ("Use `sorted` with a `key`:\n\n```python\npeople = [{\"name\": \"Ada\", \"age\": 36}]\n# oldest first\n"
           "for p in sorted(people, key=lambda p: p[\"age\"], reverse=True):\n    print(p[\"name\"])\n```\n\n"
           "| method | in place |\n|---|---|\n| `sorted()` | no |\n| `list.sort()` | yes |\n")
@@ -135,7 +136,7 @@ def test_every_page_passes_axe_in_both_themes(browser, design_site, scheme, arti
     expect(page.locator("#messages .message.assistant pre code")).to_contain_text("sorted(people")
     found["shared page"] = axe_violations(page)
     page.screenshot(path=str(artifacts_dir / f"design-shared-{scheme}-desktop.png"))
-    for path in ["/search/?q=sort"] + [f"/console/{name}/" for name in CONSOLE_PAGES]:
+    for path in ["/search/?q=sort", "/account/"] + [f"/console/{name}/" for name in CONSOLE_PAGES]:
         page.goto(url + path)
         page.wait_for_load_state("networkidle")
         found[path] = axe_violations(page)
