@@ -107,7 +107,11 @@ def test_a_string_token_ids_and_token_id_lists_embed_the_same(site, reference):
     from_lists = api.create(model="minilm", input=[ids, ids], encoding_format="float").data
 
     assert len(one) == len(from_ids) == 1 and len(from_lists) == 2
-    assert one[0].embedding == from_ids[0].embedding == from_lists[1].embedding
+    assert one[0].embedding == from_ids[0].embedding  # the same tokens in the same batch shape: the same bits
+    assert from_lists[0].embedding == from_lists[1].embedding
+    # Batched with another input, the matrix products may block differently (oneDNN picks its
+    # kernel by shape): the same vector to float32 rounding, not necessarily to the bit.
+    np.testing.assert_allclose(from_lists[1].embedding, one[0].embedding, rtol=0, atol=1e-6)
 
 
 def test_dimensions_equal_to_the_models_pass_and_any_other_is_a_400(site):

@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Embedding:
     """An accepted embeddings request: who asked, for which model version, each input's token ids.
-    ``prompt_token_ids`` (every input's, back to back) and ``end_user`` are what the usage record
-    of a Generation reads (services.generation_finish)."""
+    ``num_prompt_tokens`` (every input's) and ``end_user`` are what the usage record of a
+    Generation reads (services.generation_finish)."""
 
     request_id: str
     api_key: ApiKey
@@ -64,8 +64,8 @@ class Embedding:
     prompt_param: str = "input"
 
     @property
-    def prompt_token_ids(self) -> list[int]:
-        return [t for ids in self.inputs for t in ids]
+    def num_prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.inputs)
 
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug, prompt_token_ids=[],
@@ -167,5 +167,5 @@ def embedding_body(emb: Embedding, vectors: list[str], outcome: Outcome) -> dict
             raw = base64.b64decode(encoded)
             value = list(struct.unpack(f"<{len(raw) // 4}f", raw))
         data.append({"object": "embedding", "index": index, "embedding": value})
-    tokens = outcome.num_prompt_tokens if outcome.num_prompt_tokens is not None else len(emb.prompt_token_ids)
+    tokens = outcome.num_prompt_tokens if outcome.num_prompt_tokens is not None else emb.num_prompt_tokens
     return {"object": "list", "data": data, "model": emb.model.slug, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
