@@ -49,8 +49,10 @@ def records(settings):
 
 
 def _snapshot(since):
-    return ({group: usage_totals_by(group=group, since=since) for group in GROUPS if group not in RAW_ONLY_GROUPS},
-            usage_daily_series(since=since))
+    until = _at(TODAY + timedelta(days=1), 0)  # TODAY's end, not the clock's: a run may cross midnight
+    return ({group: usage_totals_by(group=group, since=since, until=until) for group in GROUPS
+             if group not in RAW_ONLY_GROUPS},
+            usage_daily_series(since=since, until=until))
 
 
 def _roll_up_and_purge() -> int:
