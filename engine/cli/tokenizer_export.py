@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine.models.loader import load_model_config
-from engine.models.registry import is_encoder_checkpoint, resolve_model_path
+from engine.models.registry import is_embedding_checkpoint, resolve_model_path
 from engine.text.tokenizer import load_tokenizer
 
 
@@ -25,7 +25,7 @@ def export_tokenizer(model: str, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(path)
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
-    if is_encoder_checkpoint(path):  # an embedding model: no chat template, no generation
+    if is_embedding_checkpoint(path):  # an embedding model: no chat template, no generation
         from engine.embedding_engine import encoder_family
         from engine.models.encoder_config import load_encoder_config
 
