@@ -107,3 +107,30 @@ def test_cls_pooling_of_a_decoder_is_refused(tmp_path):
     assert is_embedding_checkpoint(path)
     with pytest.raises(ModelLoadError, match="pooling mode 'cls' is not supported for a decoder"):
         engine_for(path)
+
+
+def test_validation_states_a_decoder_embedding_model(checkpoint):
+    from engine.cli.validate import validate
+
+    steps = []
+    final = validate(checkpoint(), lambda step, progress: steps.append(step))
+
+    assert final["ok"] and final["embedding"] == {"architecture": "qwen3", "dimensions": 64,
+                                                  "pooling": "lasttoken", "normalize": True,
+                                                  "max_seq_length": 96}
+    assert final["context_length"] == 96 and final["parameters"] > 0
+    assert "running a forward pass" in steps
+
+
+def test_the_exported_tokenizer_and_the_worker_route_it_as_an_embedding_model(checkpoint, tmp_path):
+    from engine.cli.tokenizer_export import export_tokenizer
+    from workers.embedding_worker import EmbeddingWorker, worker_class
+    from workers.engine_worker import EngineWorker
+
+    meta = json.loads((export_tokenizer(str(checkpoint()), tmp_path / "tok") / "tokenizer_config.json").read_text())
+    assert meta["embedding"]["pooling"] == "lasttoken" and meta["chat_template"] is None
+    assert worker_class(str(checkpoint())) is EmbeddingWorker
+    plain = save_tiny_decoder(tmp_path / "plain")
+    assert worker_class(str(plain)) is EngineWorker
+    assert "embedding" not in json.loads((export_tokenizer(str(plain), tmp_path / "plain-tok")
+                                          / "tokenizer_config.json").read_text())
