@@ -31,7 +31,7 @@ from engine.models.loader import load_weights
 from engine.models.pooling import pool
 from engine.models.registry import ENCODER_FAMILIES, model_class, resolve_model_path
 from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput
-from engine.runtime.model_runner import _default_dtype, resolve_device, resolve_dtype
+from engine.runtime.model_runner import resolve_device, resolve_dtype
 from engine.stats import EngineStats
 from engine.text.tokenizer import load_tokenizer
 
@@ -112,11 +112,16 @@ class EmbeddingEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if isinstance(self.model_config, DecoderEmbeddingConfig):
-            # The decoder's modules as generation builds them: everything in the activation dtype.
+            # Every parameter in the activation dtype, as generation has them (its RoPE table stays
+            # float32, built so explicitly). Cast here rather than built under a default dtype:
+            # torch's default dtype is process-wide, and embedded workers load side by side in
+            # one process (a bf16 generation worker got float32 layers when this set it).
             from engine.models.decoder_encoder import DecoderEncoder
 
-            with torch.device(self.device), _default_dtype(self.dtype):
+            with torch.device(self.device):
                 model = DecoderEncoder(model_class(self.model_config.architecture)(self.model_config.decoder))
+            for param in model.parameters():
+                param.data = param.data.to(self.dtype)
             load_weights(model, embedding_weights(path, self.model_config))
         else:
             with torch.device(self.device):
