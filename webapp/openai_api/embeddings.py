@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Embedding:
     """An accepted embeddings request: who asked, for which model version, each input's token ids.
-    ``prompt_token_ids`` (every input's, back to back) and ``end_user`` are what the usage record
-    of a Generation reads (services.generation_finish)."""
+    ``prompt_token_ids`` (every input's, back to back), ``num_prompt_tokens`` and ``end_user`` are
+    what the usage record of a Generation reads (services.generation_finish)."""
 
     request_id: str
     api_key: ApiKey
@@ -66,6 +66,11 @@ class Embedding:
     @property
     def prompt_token_ids(self) -> list[int]:
         return [t for ids in self.inputs for t in ids]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Every input's tokens: what services.generation_finish records (as a Generation's)."""
+        return sum(len(ids) for ids in self.inputs)
 
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug, prompt_token_ids=[],
