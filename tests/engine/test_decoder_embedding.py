@@ -37,6 +37,7 @@ def checkpoint(tmp_path_factory):
                                                      family=family, pooling=pooling, normalize=normalize)
         return built[key]
 
+    get()  # the default one now, in the shared setup (not in the first test's own time)
     return get
 
 
@@ -64,8 +65,9 @@ def test_decoder_embeddings_equal_sentence_transformers(checkpoint, family, pool
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
 
 
-def test_last_token_vectors_are_transformers_last_hidden_state_normalised(checkpoint):
-    path = checkpoint()
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "mistral", "phi3", "gemma3"])
+def test_last_token_vectors_are_transformers_last_hidden_state_normalised(checkpoint, family):
+    path = checkpoint(family)
     engine = engine_for(path)
     model = AutoModel.from_pretrained(str(path)).eval()
     expected = []

@@ -14,6 +14,18 @@ SIZES = dict(vocab_size=len(tiny_vocab()), hidden_size=64, intermediate_size=128
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
              tie_word_embeddings=True, bos_token_id=2, eos_token_id=3, pad_token_id=0, initializer_range=0.3)
 
+# family -> transformers' config and model classes, and what the family adds to SIZES (Gemma 3: a
+# sliding window shorter than the longer test inputs, so the windowed mask is exercised).
+FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 16,
+                                                          "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
 
 def write_pooling_config(directory: Path, *, pooling: str = "lasttoken", normalize: bool = True,
                          hidden_size: int = SIZES["hidden_size"]) -> None:
@@ -43,13 +55,13 @@ def save_tiny_decoder(directory: Path, *, family: str = "qwen3", seed: int = 0) 
 first, [SEP] last: the last token of every text is the same special one, as Qwen3-Embedding's
 <|endoftext|>)."""
     import torch
-    from transformers import BertTokenizerFast, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    import transformers as tf
+    from transformers import BertTokenizerFast
 
-    config_class, model_class = {"qwen3": (Qwen3Config, Qwen3ForCausalLM),
-                                 "llama": (LlamaConfig, LlamaForCausalLM)}[family]
+    config_class, model_class, extra = FAMILIES[family]
     directory = Path(directory)
     torch.manual_seed(seed)
-    model_class(config_class(**SIZES)).eval().save_pretrained(directory)
+    getattr(tf, model_class)(getattr(tf, config_class)(**SIZES, **extra)).eval().save_pretrained(directory)
     vocab_file = directory / "vocab.txt"
     vocab_file.write_text("\n".join(tiny_vocab()) + "\n")
     BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(directory)
