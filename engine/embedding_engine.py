@@ -58,9 +58,6 @@ def embedding_family(path) -> str:
     return family
 
 
-encoder_family = embedding_family  # the name this had when only encoders embedded
-
-
 def load_embedding_config(path) -> EncoderConfig | DecoderEmbeddingConfig:
     """An embedding model's config: EncoderConfig for an encoder family, DecoderEmbeddingConfig
     (the decoder's ModelConfig and its pooling) for a decoder family."""
