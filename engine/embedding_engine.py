@@ -1,4 +1,6 @@
-"""The pooling path: an encoder (engine/models/bert.py) turning requests' inputs into embeddings.
+"""The pooling path: an encoder (engine/models/bert.py), or a decoder run as a causal encoder
+(engine/models/decoder_encoder.py, for a decoder checkpoint with a sentence-transformers pooling
+config), turning requests' inputs into embeddings.
 
 The same request / step / output loop as ``LLMEngine`` (so the worker loop serves both), without
 a KV cache: a request is one or more inputs (token id lists); each step packs waiting inputs, in
@@ -23,7 +25,8 @@ from engine.errors import (ContextLengthExceededError, InvalidParameterError, Mo
                            RequestNotFoundError)
 from engine.layers.linear import Linear
 from engine.models.bert import PackedBatch
-from engine.models.encoder_config import EncoderConfig, encoder_weights, load_encoder_config
+from engine.models.encoder_config import (DecoderEmbeddingConfig, EncoderConfig, encoder_weights,
+                                          load_decoder_embedding_config, load_encoder_config)
 from engine.models.loader import load_weights
 from engine.models.pooling import pool
 from engine.models.registry import ENCODER_FAMILIES, model_class, resolve_model_path
@@ -35,19 +38,44 @@ from engine.text.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 
-def encoder_family(path) -> str:
-    """Our encoder family of a Hugging Face directory; ModelLoadError when it is not an encoder."""
+def embedding_family(path) -> str:
+    """Our family of an embedding model's Hugging Face directory: an encoder family, or a decoder
+    family whose checkpoint has a sentence-transformers pooling config; ModelLoadError (naming
+    both kinds) for a generation model."""
     import json
 
+    from engine.models.encoder_config import has_pooling_config
     from engine.models.registry import supported_architecture
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     name = (config.get("architectures") or [config.get("model_type")])[0]
     family = supported_architecture(name, where=str(path / "config.json"))
-    if family not in ENCODER_FAMILIES:
+    if family not in ENCODER_FAMILIES and not has_pooling_config(path):
         raise ModelLoadError(f"{str(path)!r} is a {family} generation model, not an embedding model "
-                             f"(embedding families: {', '.join(sorted(ENCODER_FAMILIES))})")
+                             f"(embedding models: the {', '.join(sorted(ENCODER_FAMILIES))} encoder "
+                             f"families, or a decoder checkpoint with a sentence-transformers pooling "
+                             f"config: modules.json and 1_Pooling/config.json)")
     return family
+
+
+def load_embedding_config(path) -> EncoderConfig | DecoderEmbeddingConfig:
+    """An embedding model's config: EncoderConfig for an encoder family, DecoderEmbeddingConfig
+    (the decoder's ModelConfig and its pooling) for a decoder family."""
+    family = embedding_family(path)
+    if family in ENCODER_FAMILIES:
+        return load_encoder_config(path, family)
+    from engine.models.hf_loader import load_hf_config
+
+    return load_decoder_embedding_config(path, load_hf_config(path))
+
+
+def embedding_weights(path, config: EncoderConfig | DecoderEmbeddingConfig):
+    """The model's HF-named tensors, as its module (BertModel or DecoderEncoder) names them."""
+    if isinstance(config, DecoderEmbeddingConfig):
+        from engine.models.decoder_encoder import decoder_weights
+
+        return decoder_weights(path, config.decoder)
+    return encoder_weights(path)
 
 
 @dataclass
@@ -71,7 +99,7 @@ class EmbeddingEngine:
             raise ModelLoadError(f"{str(path)!r}: embedding models load from a Hugging Face "
                                  f"directory (sentence-transformers layout), not a single file")
         self.model_path = path
-        self.model_config: EncoderConfig = load_encoder_config(path, encoder_family(path))
+        self.model_config = load_embedding_config(path)
         self.tokenizer = load_tokenizer(path)
         limit = self.model_config.max_seq_length
         if config.max_model_len is not None and config.max_model_len > limit:
@@ -80,12 +108,25 @@ class EmbeddingEngine:
         self.max_model_len = config.max_model_len or limit
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        with torch.device(self.device):
-            model = model_class(self.model_config.architecture)(self.model_config)
-        load_weights(model, encoder_weights(path))
-        for module in model.modules():  # the GEMMs in the activation dtype, the rest float32
-            if isinstance(module, Linear):
-                module.to(self.dtype)
+        if isinstance(self.model_config, DecoderEmbeddingConfig):
+            # Every parameter in the activation dtype, as generation has them (its RoPE table stays
+            # float32, built so explicitly). Cast here rather than built under a default dtype:
+            # torch's default dtype is process-wide, and embedded workers load side by side in
+            # one process (a bf16 generation worker got float32 layers when this set it).
+            from engine.models.decoder_encoder import DecoderEncoder
+
+            with torch.device(self.device):
+                model = DecoderEncoder(model_class(self.model_config.architecture)(self.model_config.decoder))
+            for param in model.parameters():
+                param.data = param.data.to(self.dtype)
+            load_weights(model, embedding_weights(path, self.model_config))
+        else:
+            with torch.device(self.device):
+                model = model_class(self.model_config.architecture)(self.model_config)
+            load_weights(model, encoder_weights(path))
+            for module in model.modules():  # the GEMMs in the activation dtype, the rest float32
+                if isinstance(module, Linear):
+                    module.to(self.dtype)
         self.model = model.eval()
         self._waiting: deque[tuple[_Request, int]] = deque()  # (request, input index)
         self._requests: dict[str, _Request] = {}

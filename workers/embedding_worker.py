@@ -36,6 +36,6 @@ class EmbeddingWorker(EngineWorker):
 
 def worker_class(path: str) -> type[EngineWorker]:
     """The worker for a checkpoint: an embedding model's, or the generation one."""
-    from engine.models.registry import is_encoder_checkpoint
+    from engine.models.registry import is_embedding_checkpoint
 
-    return EmbeddingWorker if is_encoder_checkpoint(path) else EngineWorker
+    return EmbeddingWorker if is_embedding_checkpoint(path) else EngineWorker

@@ -5,7 +5,7 @@
 OUT_DIR receives ``tokenizer.json`` (load it with the ``tokenizers`` library) and
 ``tokenizer_config.json`` with at least ``chat_template``, ``bos_token``,
 ``eos_token``, ``eos_token_ids`` (every id that ends generation) and
-``max_model_len``; an embedding model's also ``embedding`` (EncoderConfig.describe()). MODEL is a Hugging Face directory, a .gguf file or "smollm2".
+``max_model_len``; an embedding model's also ``embedding`` (its config's describe(): an encoder's, or a decoder's with a pooling config). MODEL is a Hugging Face directory, a .gguf file or "smollm2".
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine.models.loader import load_model_config
-from engine.models.registry import is_encoder_checkpoint, resolve_model_path
+from engine.models.registry import is_embedding_checkpoint, resolve_model_path
 from engine.text.tokenizer import load_tokenizer
 
 
@@ -25,11 +25,10 @@ def export_tokenizer(model: str, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(path)
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
-    if is_encoder_checkpoint(path):  # an embedding model: no chat template, no generation
-        from engine.embedding_engine import encoder_family
-        from engine.models.encoder_config import load_encoder_config
+    if is_embedding_checkpoint(path):  # an embedding model: no chat template, no generation
+        from engine.embedding_engine import load_embedding_config
 
-        encoder = load_encoder_config(path, encoder_family(path))
+        encoder = load_embedding_config(path)
         meta = {"chat_template": None, "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
                 "pad_token": tokenizer.pad_token, "eos_token_ids": [], "add_bos_token": False,
                 "max_model_len": encoder.max_seq_length, "vocab_size": encoder.vocab_size,

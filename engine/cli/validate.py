@@ -86,12 +86,12 @@ def validate(model_path: str | Path, report: Report) -> dict:
     from engine.memory.estimate import estimate_memory
     from engine.memory.model_facts import model_facts
     from engine.models.loader import load_model_config
-    from engine.models.registry import is_encoder_checkpoint, resolve_model_path
+    from engine.models.registry import is_embedding_checkpoint, resolve_model_path
     from engine.sampling_params import SamplingParams
     from engine.text.tokenizer import load_tokenizer
 
     path = resolve_model_path(str(model_path))
-    if is_encoder_checkpoint(path):
+    if is_embedding_checkpoint(path):
         from engine.cli.validate_embedding import validate_embedding
         fields = validate_embedding(path, report)
         report("computing checksum", 0.9)

@@ -1,4 +1,5 @@
-"""Validation of an embedding model (a sentence-transformers checkpoint of an encoder family):
+"""Validation of an embedding model (a sentence-transformers checkpoint of an encoder family, or a
+decoder family's with a sentence-transformers pooling config, e.g. last-token pooling):
 the steps of engine/cli/validate.py for the pooling path, reported the same way.
 
 What it states: architecture, dimensions, pooling, normalisation and maximum sequence length
@@ -22,13 +23,12 @@ def validate_embedding(path: Path, report: Report) -> dict:
     must have the stated dimensions, be finite, and have unit norm when the model normalises;
     the report's fields besides the size and checksum (validate.py adds those)."""
     from engine.config import EngineConfig
-    from engine.embedding_engine import EmbeddingEngine, encoder_family
-    from engine.models.encoder_config import encoder_weights, load_encoder_config
+    from engine.embedding_engine import EmbeddingEngine, embedding_weights, load_embedding_config
 
     report("reading config", 0.0)
-    config = load_encoder_config(path, encoder_family(path))
+    config = load_embedding_config(path)
     report("loading weights", 0.1)
-    num_parameters = sum(t.numel() for _name, t in encoder_weights(path))
+    num_parameters = sum(t.numel() for _name, t in embedding_weights(path, config))
     engine = EmbeddingEngine(EngineConfig.from_settings(str(path), {"device": "cpu", "dtype": "float32"}))
     report("running a forward pass", 0.7)
     vectors = engine.embed(list(SAMPLE_INPUTS))

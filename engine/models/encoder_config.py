@@ -2,6 +2,10 @@
 token states become one vector (modules.json, 1_Pooling/config.json, the Normalize module,
 sentence_bert_config.json's max_seq_length) and its tensors, Hugging Face-named.
 
+A decoder checkpoint (Qwen3-Embedding style) with the same sentence-transformers files is an
+embedding model too (``has_pooling_config``): ``DecoderEmbeddingConfig`` wraps its decoder's
+ModelConfig with the pooling it asks for (engine/models/decoder_encoder.py runs it).
+
 Imports no torch at module level: the registry and the validator read the config first.
 """
 
@@ -121,6 +125,70 @@ def pooling_mode(pooling_dir: Path) -> str:
         raise ModelLoadError(f"{str(config_file)!r} turns on {len(modes)} pooling modes "
                              f"({', '.join(modes) or 'none'}); exactly one is supported")
     return modes[0]
+
+
+def has_pooling_config(directory: Path) -> bool:
+    """Whether ``directory`` has a sentence-transformers modules.json naming a Pooling module: the
+    one rule that makes a decoder checkpoint an embedding model. Never raises (a malformed file
+    answers False here and fails at load, naming the file)."""
+    try:
+        modules = json.loads((Path(directory) / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].startswith("sentence_transformers.")
+        and m["type"].rpartition(".")[2] == "Pooling" for m in modules)
+
+
+# Pooling modes a causal decoder's states support: the first token's state sees only itself, so
+# CLS pooling of a decoder is refused rather than served.
+DECODER_POOLING_MODES = ("lasttoken", "mean", "max")
+
+
+@dataclass(frozen=True)
+class DecoderEmbeddingConfig:
+    """A decoder checkpoint served as an embedding model: its ModelConfig and how its final
+    hidden states (after the final norm) become one vector."""
+
+    decoder: object  # engine.models.model_config.ModelConfig
+    pooling: str = "lasttoken"
+    normalize: bool = False
+    max_seq_length: int = 512
+
+    @property
+    def architecture(self) -> str:
+        return self.decoder.architecture
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.vocab_size
+
+    @property
+    def dimensions(self) -> int:
+        return self.decoder.hidden_size
+
+    def describe(self) -> dict:
+        """What the console shows, as EncoderConfig.describe()."""
+        return {"architecture": self.architecture, "dimensions": self.dimensions,
+                "pooling": self.pooling, "normalize": self.normalize,
+                "max_seq_length": self.max_seq_length}
+
+
+def load_decoder_embedding_config(directory: Path, decoder) -> DecoderEmbeddingConfig:
+    """``decoder`` (the checkpoint's ModelConfig) with the pooling, normalisation and maximum
+    input length its sentence-transformers files give; ModelLoadError without a Pooling module
+    or with a mode a causal model cannot serve."""
+    modules = sentence_transformer_modules(directory)
+    if "pooling" not in modules:
+        raise ModelLoadError(f"{str(directory)!r} is a {decoder.architecture} generation model, not an "
+                             f"embedding model: it has no sentence-transformers Pooling module "
+                             f"(modules.json + 1_Pooling/config.json)")
+    pooling = pooling_mode(modules["pooling"])
+    if pooling not in DECODER_POOLING_MODES:
+        raise ModelLoadError(f"{str(modules['pooling'] / 'config.json')!r}: pooling mode {pooling!r} is "
+                             f"not supported for a decoder (supported: {', '.join(DECODER_POOLING_MODES)})")
+    return DecoderEmbeddingConfig(decoder, pooling, "normalize" in modules,
+                                  _max_seq_length(directory, decoder.max_position_embeddings))
 
 
 def _max_seq_length(directory: Path, max_positions: int) -> int:

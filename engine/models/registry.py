@@ -21,7 +21,9 @@ FAMILIES = {
     "bert": ("bert", "BertModel"),
 }
 # Encoder families: embedding models, served by the pooling path (engine/embedding_engine.py,
-# no KV cache) and configured by engine/models/encoder_config.py, never by LLMEngine.
+# no KV cache) and configured by engine/models/encoder_config.py, never by LLMEngine. A decoder
+# family's checkpoint is an embedding model too when it carries a sentence-transformers pooling
+# config (is_embedding_checkpoint).
 ENCODER_FAMILIES = frozenset({"bert"})
 # HF `architectures[0]` / `model_type` -> our model family.
 HF_ARCHITECTURES = {
@@ -51,9 +53,13 @@ def supported_architecture(name: str | None, *, where: str, gguf: bool = False) 
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
 
 
-def is_encoder_checkpoint(path: str | Path) -> bool:
-    """True for a Hugging Face directory whose config.json names an encoder family (an embedding
-    model, served by engine/embedding_engine.py); reads config.json only."""
+def is_embedding_checkpoint(path: str | Path) -> bool:
+    """True for an embedding model, served by engine/embedding_engine.py: a Hugging Face directory
+    whose config.json names an encoder family, or a decoder family's with a sentence-transformers
+    pooling config (modules.json naming a Pooling module, Qwen3-Embedding style). A plain decoder
+    checkpoint stays a generation model. Reads config.json and modules.json only."""
+    from engine.models.encoder_config import has_pooling_config
+
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -63,7 +69,10 @@ def is_encoder_checkpoint(path: str | Path) -> bool:
         return False
     names = config.get("architectures") or [config.get("model_type")]
     name = names[0] if isinstance(names, list) and names else None
-    return isinstance(name, str) and HF_ARCHITECTURES.get(name) in ENCODER_FAMILIES
+    family = HF_ARCHITECTURES.get(name) if isinstance(name, str) else None
+    if family is None:
+        return False
+    return family in ENCODER_FAMILIES or has_pooling_config(path)
 
 
 def model_class(family: str):

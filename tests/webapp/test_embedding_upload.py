@@ -62,3 +62,18 @@ def test_an_upload_with_a_pooling_mode_we_do_not_run_fails_naming_it(
 
     assert row["status"] == "failed"
     assert "pooling mode 'mean_sqrt_len_tokens' is not supported" in row["error"]
+
+
+def test_an_uploaded_decoder_with_last_token_pooling_validates_as_an_embedding_model(
+        staff_client, tmp_path, django_capture_on_commit_callbacks):
+    from tests.engine.tiny_decoder_embedding import save_tiny_decoder_embedding
+
+    checkpoint = save_tiny_decoder_embedding(tmp_path / "qwen3-embed")
+
+    row = upload(staff_client, zip_tree(checkpoint, tmp_path / "qwen3.zip"), django_capture_on_commit_callbacks)
+
+    assert (row["status"], row["error"]) == ("ready", "")
+    assert row["validation"]["embedding"] == {"architecture": "qwen3", "dimensions": 64, "pooling": "lasttoken",
+                                              "normalize": True, "max_seq_length": 96}
+    page = staff_client.get("/console/models/").content.decode()
+    assert "embedding model: qwen3, 64 dimensions, lasttoken pooling, normalized, at most 96 tokens" in page

@@ -65,6 +65,7 @@ class Embedding:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Every input's tokens: what services.generation_finish records (as a Generation's)."""
         return sum(len(ids) for ids in self.inputs)
 
     def engine_request(self) -> GenerateRequest:
