@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 class Embedding:
     """An accepted embeddings request: who asked, for which model version, each input's token ids.
     ``num_prompt_tokens`` (every input's) and ``end_user`` are what the usage record of a
-    Generation reads (services.generation_finish)."""
+    Generation reads (services.generation_finish), ``engine_request_ids`` what its abort at
+    shutdown reads (prompts.generation_abort): every input goes in the one engine request."""
 
     request_id: str
     api_key: ApiKey
@@ -67,6 +68,9 @@ class Embedding:
     def num_prompt_tokens(self) -> int:
         """Every input's tokens: what services.generation_finish records (as a Generation's)."""
         return sum(len(ids) for ids in self.inputs)
+
+    def engine_request_ids(self) -> list[str]:
+        return [self.request_id]
 
     def engine_request(self) -> GenerateRequest:
         return GenerateRequest(request_id=self.request_id, model=self.model.slug, prompt_token_ids=[],
