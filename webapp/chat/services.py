@@ -22,6 +22,7 @@ from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
+from webapp.rag.knowledge import KnowledgeError, conversation_bases_set
 from webapp.rag.services import IngestError
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
@@ -264,6 +265,11 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation.sampling = {k: v for k, v in params.items() if v is not None}
             conversation.current_leaf = user_message
             conversation.save(update_fields=["model_name", "system_prompt", "sampling", "current_leaf", "updated_at"])
+            if data.get("knowledge_bases") is not None:  # the page's choice; absent: as before
+                try:
+                    conversation_bases_set(user=user, conversation=conversation, base_ids=data["knowledge_bases"])
+                except KnowledgeError as exc:
+                    raise ChatInputError("invalid_parameter", exc.message, "knowledge_bases") from None
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
             max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             # The prompt is the path shown, up to the message answered: other branches stay out of it.
