@@ -76,6 +76,9 @@ def test_a_base_is_made_and_filled_on_its_page_and_a_bad_document_says_why_leavi
     assert Chunk.objects.filter(document__name="log.md").count() == Chunk.objects.count()
     assert fts_hits("Biscuit") == 1
 
+    client.post(f"/account/knowledge/{base.pk}/delete")  # deleting the base takes its index rows too
+    assert not KnowledgeBase.objects.exists() and Chunk.objects.count() == 0 and fts_hits("Biscuit") == 0
+
 
 def test_an_attached_base_is_retrieved_from_and_cited(alice, smol, smollm2_hf_tokenizer):
     base = filled_base(alice)
@@ -125,6 +128,8 @@ def test_a_teams_base_is_read_by_its_members_written_by_its_managers_and_gone_wh
         document_add(user=bob, base=base, name="b.txt", data=b"the vault code is sunflower")
     with pytest.raises(KnowledgeError):
         base_create(user=bob, name="Mine", team=ops)
+    assert logged_in(bob).post(f"/account/knowledge/{base.pk}/delete").status_code == 302
+    assert KnowledgeBase.objects.filter(pk=base.pk).exists()  # refused: he is no manager
 
     bobs = prepare(bob, type="send", content=QUESTION, knowledge_bases=[base.pk])
     assert "heliotrope" in user_prompt(bobs, smollm2_hf_tokenizer)
