@@ -110,13 +110,19 @@ window.PagodaSettings = function (state, sendFrame) {
   presetEl.addEventListener("change", () => {
     const preset = presets.find((p) => String(p.id) === presetEl.value);
     if (preset) systemEl.value = preset.text;
+    // A preset that brings knowledge bases checks them (one without leaves the boxes as they are).
+    if (preset && (preset.knowledge_bases || []).length) {
+      const wanted = new Set(preset.knowledge_bases.map(String));
+      baseList.querySelectorAll("input[type=checkbox]").forEach((box) => { box.checked = wanted.has(box.value); });
+    }
     renderPresets();
     showSources();
   });
   $("preset-save").addEventListener("click", () => {
     const current = presets.find((p) => String(p.id) === presetEl.value);
     const name = window.prompt("Save this system prompt as", current && !current.shared ? current.name : "");
-    if (name && name.trim()) sendFrame({ type: "preset_save", name: name.trim(), text: systemEl.value });
+    if (name && name.trim()) sendFrame({ type: "preset_save", name: name.trim(), text: systemEl.value,
+                                         knowledge_bases: collect().knowledge_bases });
   });
   $("preset-delete").addEventListener("click", () => {
     if (presetEl.value) sendFrame({ type: "preset_delete", id: Number(presetEl.value) });

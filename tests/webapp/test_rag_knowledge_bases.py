@@ -177,3 +177,23 @@ def test_a_base_of_another_team_is_never_retrieved(alice, bob, crew, smol, smoll
     ledger_chunk = Chunk.objects.filter(document__knowledge_base=finance).first().pk
     assert logged_in(bob).get(f"/rag/passages/{ledger_chunk}").status_code == 404
     assert logged_in(carol).get(f"/rag/passages/{ledger_chunk}").status_code == 200
+
+
+def test_a_preset_brings_its_bases_and_names_only_those_its_user_may_read(alice, bob, crew, smol):
+    from webapp.chat.selectors import preset_list
+    from webapp.chat.services import preset_save
+
+    ops, carol = crew
+    mine, runbook = filled_base(alice), filled_base(alice, name="Runbook", team=ops)
+    preset_save(user=alice, name="Vault", text="Answer from the vault.", max_chars=1000, knowledge_bases=[mine.pk])
+    assert [p["knowledge_bases"] for p in preset_list(user=alice)] == [[mine.pk]]
+    preset_save(user=alice, name="Vault", text="Answer tersely.", max_chars=1000)  # None: keeps its bases
+    assert [p["knowledge_bases"] for p in preset_list(user=alice)] == [[mine.pk]]
+    with pytest.raises(ChatInputError) as refused:  # not his to name
+        preset_save(user=bob, name="Hers", text="x", max_chars=1000, knowledge_bases=[mine.pk])
+    assert refused.value.param == "knowledge_bases"
+
+    preset_save(user=bob, name="Ops", text="Use the runbook.", max_chars=1000, knowledge_bases=[runbook.pk])
+    assert [p["knowledge_bases"] for p in preset_list(user=bob)] == [[runbook.pk]]
+    membership_remove(actor=alice, team=ops, user=bob)
+    assert [p["knowledge_bases"] for p in preset_list(user=bob)] == [[]]  # gone from what his page is told

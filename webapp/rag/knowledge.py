@@ -107,16 +107,39 @@ def document_delete(*, user, base: KnowledgeBase, document_id) -> bool:
     return Document.objects.filter(knowledge_base=base, pk=document_id).delete()[0] > 0
 
 
+def _readable_of(*, user, base_ids) -> list[KnowledgeBase]:
+    if not isinstance(base_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in base_ids):
+        raise KnowledgeError("knowledge_bases must be a list of knowledge base ids.")
+    bases = list(readable_knowledge_bases(user_id=user.pk).filter(pk__in=base_ids))
+    if len(bases) != len(set(base_ids)):
+        raise KnowledgeError("One of these knowledge bases is not yours or your team's.")
+    return bases
+
+
+def preset_bases_set(*, user, preset, base_ids) -> None:
+    """The bases a user's own preset brings (each readable by them now); a preset only names them:
+    a turn still retrieves only from what its sender may read then."""
+    unreadable = preset.knowledge_bases.exclude(pk__in=readable_knowledge_bases(user_id=user.pk).values("id"))
+    preset.knowledge_bases.set([*_readable_of(user=user, base_ids=base_ids), *unreadable])
+
+
+def preset_bases(*, user, preset_ids: list[int]) -> dict[int, list[int]]:
+    """{preset id: the ids of its bases that ``user`` may read now}."""
+    out: dict[int, list[int]] = {}
+    through = KnowledgeBase.presets.through.objects.filter(
+        systempromptpreset_id__in=preset_ids,
+        knowledgebase_id__in=readable_knowledge_bases(user_id=user.pk).values("id"))
+    for preset_id, base_id in through.values_list("systempromptpreset_id", "knowledgebase_id").order_by("knowledgebase_id"):
+        out.setdefault(preset_id, []).append(base_id)
+    return out
+
+
 def conversation_bases_set(*, user, conversation, base_ids) -> list[KnowledgeBase]:
     """Attach exactly these bases to the conversation (the page sends its choice with each turn).
     Every one must be readable by ``user``; bases attached before that the user cannot read now (a
     team they left) stay attached, unused by their turns, for whoever can still read them."""
-    if not isinstance(base_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in base_ids):
-        raise KnowledgeError("knowledge_bases must be a list of knowledge base ids.")
+    bases = _readable_of(user=user, base_ids=base_ids)
     readable = readable_knowledge_bases(user_id=user.pk)
-    bases = list(readable.filter(pk__in=base_ids))
-    if len(bases) != len(set(base_ids)):
-        raise KnowledgeError("One of these knowledge bases is not yours or your team's.")
     unreadable = conversation.knowledge_bases.exclude(pk__in=readable.values("id"))
     conversation.knowledge_bases.set([*bases, *unreadable])
     return bases

@@ -23,6 +23,8 @@ class KnowledgeBase(models.Model):
     team = models.ForeignKey("orgs.Team", null=True, blank=True, on_delete=models.CASCADE,
                              related_name="knowledge_bases")
     conversations = models.ManyToManyField("chat.Conversation", blank=True, related_name="knowledge_bases")
+    # The user's own presets that bring it: choosing one on the chat page checks it (knowledge.py).
+    presets = models.ManyToManyField("chat.SystemPromptPreset", blank=True, related_name="knowledge_bases")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
