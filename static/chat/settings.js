@@ -66,8 +66,30 @@ window.PagodaSettings = function (state, sendFrame) {
     }
   }
 
+  // Knowledge bases: one checkbox each; the chosen ones travel with every turn and stay attached.
+  const baseList = $("knowledge-list");
+  function renderBases() {
+    const attached = new Set(state.attached_bases || []);
+    baseList.replaceChildren();
+    (state.knowledge_bases || []).forEach((b) => {
+      const label = document.createElement("label");
+      label.className = "knowledge-base";
+      const box = document.createElement("input");
+      box.type = "checkbox"; box.value = String(b.id); box.checked = attached.has(b.id);
+      box.dataset.knowledgeBase = b.name;
+      label.append(box, " " + b.name + (b.team ? ` (team ${b.team})` : ""));
+      baseList.append(label);
+    });
+    if (!(state.knowledge_bases || []).length) {
+      const none = document.createElement("span");
+      none.className = "muted small"; none.textContent = "None yet.";
+      baseList.append(none);
+    }
+  }
+
   function collect() {
     const out = { system_prompt: systemEl.value };
+    out.knowledge_bases = [...baseList.querySelectorAll("input[type=checkbox]:checked")].map((el) => Number(el.value));
     inputs.forEach((el) => {
       const name = el.dataset.param;
       // Numbers travel as their text (a seed may exceed what a JS number holds exactly).
@@ -88,13 +110,19 @@ window.PagodaSettings = function (state, sendFrame) {
   presetEl.addEventListener("change", () => {
     const preset = presets.find((p) => String(p.id) === presetEl.value);
     if (preset) systemEl.value = preset.text;
+    // A preset that brings knowledge bases checks them (one without leaves the boxes as they are).
+    if (preset && (preset.knowledge_bases || []).length) {
+      const wanted = new Set(preset.knowledge_bases.map(String));
+      baseList.querySelectorAll("input[type=checkbox]").forEach((box) => { box.checked = wanted.has(box.value); });
+    }
     renderPresets();
     showSources();
   });
   $("preset-save").addEventListener("click", () => {
     const current = presets.find((p) => String(p.id) === presetEl.value);
     const name = window.prompt("Save this system prompt as", current && !current.shared ? current.name : "");
-    if (name && name.trim()) sendFrame({ type: "preset_save", name: name.trim(), text: systemEl.value });
+    if (name && name.trim()) sendFrame({ type: "preset_save", name: name.trim(), text: systemEl.value,
+                                         knowledge_bases: collect().knowledge_bases });
   });
   $("preset-delete").addEventListener("click", () => {
     if (presetEl.value) sendFrame({ type: "preset_delete", id: Number(presetEl.value) });
@@ -120,6 +148,7 @@ window.PagodaSettings = function (state, sendFrame) {
   applyModelDefaults();
   if (state.conversation) fill(state.sampling || {});
   renderPresets();
+  renderBases();
   showSources();
   return {
     collect, showError, clearError,

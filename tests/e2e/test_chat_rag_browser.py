@@ -1,5 +1,6 @@
 """Retrieval in headless Chromium against a real Daphne serving the bundled SmolLM2: a 50-page PDF
-made here, with one fact on page 37 only, is uploaded; the question about the fact is answered
+made here, with one fact on page 37 only, is uploaded (attached to a message, then filed in a
+knowledge base attached to a chat); the question about the fact is answered
 from retrieved passages, and the answer's first source opens page 37's passage, highlighted, in
 the side panel. The model's wording is not asserted (135M parameters); what retrieval put in
 front of it is. Prints the prompt tokens used against pasting the whole text.
@@ -7,6 +8,7 @@ Screenshots: test-artifacts/chat-rag-*.png."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -112,3 +114,40 @@ def test_a_50_page_pdf_answer_cites_the_page_with_the_fact_in_the_side_panel(pag
     print(f"\nprompt tokens with retrieval: {prompt_tokens}; the whole text alone: {whole_tokens} "
           f"({NUM_PAGES} pages, {len(whole):,} characters)")
     assert prompt_tokens < whole_tokens // 4
+
+
+def test_a_knowledge_base_attached_to_a_chat_answers_with_a_citation_of_its_pdf(page, chat_site, tmp_path,
+                                                                               artifacts_dir):
+    """The same long PDF, filed once in a knowledge base on /account/knowledge/ (reached from the chat
+    page's settings), attached to a new chat by its checkbox: the answer cites the fact's page."""
+    report = tmp_path / "harbour-log.pdf"
+    report.write_bytes(long_pdf())
+    page.click("summary")
+    page.locator("#knowledge-bases a", has_text="manage").click()
+    page.fill("#knowledge-create input[name=name]", "Harbour records")
+    page.locator("#knowledge-create button").click()
+    page.set_input_files("#knowledge-upload input[type=file]", str(report))
+    page.locator("#knowledge-upload button").click()
+    expect(page.locator(".flash.notice")).to_contain_text("Added harbour-log.pdf")
+    row = page.locator("#knowledge-documents tbody tr")
+    expect(row.locator("td")).to_have_text(["harbour-log.pdf", "pdf", str(NUM_PAGES), str(NUM_PAGES),
+                                             re.compile(r"\d{4}-"), "Remove"])
+    page.screenshot(path=str(artifacts_dir / "chat-kb-page.png"))
+
+    page.locator("a", has_text="Back to the chat").click()
+    page.click("summary")
+    page.get_by_label("Harbour records").check()
+    page.screenshot(path=str(artifacts_dir / "chat-kb-settings.png"))
+    page.click("summary")
+    ask(page, "What is the name of the lighthouse keeper's cat?", max_tokens=24)
+    expect(page.locator(".message.assistant .meta").last).to_contain_text("tokens", timeout=PREFILL_TIMEOUT_MS)
+    answered(page)
+    first = page.locator(".message.assistant ol.sources button.cite").first
+    expect(first).to_have_text(f"[1] harbour-log.pdf, page {FACT_PAGE}")
+    first.click()
+    expect(page.locator("#passage-panel mark.passage-hit")).to_contain_text("cat is called Biscuit")
+    page.screenshot(path=str(artifacts_dir / "chat-kb-answer.png"))
+
+    page.reload()  # the base stays attached to the conversation
+    page.click("summary")
+    expect(page.get_by_label("Harbour records")).to_be_checked()

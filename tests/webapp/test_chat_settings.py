@@ -92,8 +92,9 @@ def test_presets_are_the_users_own_plus_staffs_shared_ones(alice, bob, smol):
     page = logged_in(alice).get("/")
     state = json.loads(re.search(rb'id="chat-state" type="application/json">(.*?)</script>', page.content).group(1))
     assert state["presets"] == [{"id": state["presets"][0]["id"], "name": "Pirate", "text": "Talk like a pirate.",
-                                 "shared": True},
-                                {"id": mine.pk, "name": "Terse", "text": "One short line.", "shared": False}]
+                                 "shared": True, "knowledge_bases": []},
+                                {"id": mine.pk, "name": "Terse", "text": "One short line.", "shared": False,
+                                 "knowledge_bases": []}]
     shared = SystemPromptPreset.objects.get(name="Pirate")
     assert not preset_delete(user=alice, preset_id=shared.pk)  # staff's stay
     assert preset_delete(user=alice, preset_id=mine.pk)

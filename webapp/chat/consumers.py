@@ -4,7 +4,7 @@ Page -> server: {"type": "send"|"regenerate"|"edit", "conversation", "message", 
                  "system_prompt", "temperature", "top_p", "max_tokens"}, {"type": "stop", "conversation"}
                  {"type": "attach", "conversation"} and {"type": "switch", "conversation", "message"}
                  (show another version of a message; answered with {"type": "path", "messages"}),
-                 {"type": "preset_save", "name", "text"} and {"type": "preset_delete", "id"} (answered
+                 {"type": "preset_save", "name", "text", "knowledge_bases"?} and {"type": "preset_delete", "id"} (answered
                  with {"type": "presets", "presets"}).
 Server -> page: {"type": "start", ...}, {"type": "resume", ..., "text"} (an answer already running:
                  the text so far), {"type": "idle", "conversation"} (none is), {"type": "delta", "text"},
@@ -240,7 +240,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         def change():
             if kind == "preset_save":
                 preset_save(user=self.user, name=content.get("name"), text=content.get("text"),
-                            max_chars=self.limits.max_message_chars)
+                            max_chars=self.limits.max_message_chars, knowledge_bases=content.get("knowledge_bases"))
             else:
                 preset_delete(user=self.user, preset_id=content.get("id"))
             return preset_list(user=self.user)

@@ -6,6 +6,10 @@ indexed (webapp.rag.services, inside the turn's transaction) and the answered me
 passages retrieved for it (keyword search, fused with vector search when an embedding model is
 active: webapp.rag.vectors), numbered [1]..[k], within a quarter of the model's context; the answer
 keeps which chunks those were (Message.sources) so that its markers open them.
+
+Knowledge bases attached to the conversation (webapp.rag.knowledge) are always retrieved from, with
+the path's own documents, whatever their size: as the user sending the turn, so only the bases that
+user may read now take part (a team's, while they are its member); the others are skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from django.conf import settings
 
 from webapp.chat.documents import prompt_text
 from webapp.rag.prompting import named_only, sources_prompt, sources_record
-from webapp.rag.selectors import conversation_document_ids, passages_retrieve
+from webapp.rag.selectors import conversation_document_ids, conversation_knowledge_document_ids, passages_retrieve
 from webapp.rag.services import documents_ingest
 from webapp.rag.vectors import active_embedder, vector_ranking
 
@@ -31,7 +35,9 @@ MAX_SOURCE_CHARS = 8000
 def grounded_history(*, user, path: list, answered, max_model_len: int | None) -> tuple[list[dict], list[dict]]:
     """(the path as chat messages, the answer's sources: [] when the documents are pasted whole)."""
     with_documents = [m for m in path if m.attachments]
-    if sum(len(d["text"]) for m in with_documents for d in m.attachments) <= settings.PAGODA_RAG_PASTE_MAX_CHARS:
+    base_document_ids = conversation_knowledge_document_ids(user_id=user.pk, conversation_id=answered.conversation_id)
+    if not base_document_ids and (sum(len(d["text"]) for m in with_documents for d in m.attachments)
+                                  <= settings.PAGODA_RAG_PASTE_MAX_CHARS):
         return [{"role": m.role, "content": prompt_text(content=m.content, attachments=m.attachments)}
                 for m in path], []
     started = time.perf_counter()
@@ -39,6 +45,7 @@ def grounded_history(*, user, path: list, answered, max_model_len: int | None) -
     for message in with_documents:
         documents_ingest(message=message, embedder=embedder)
     document_ids = conversation_document_ids(owner_id=user.pk, message_ids=[m.pk for m in with_documents])
+    document_ids += base_document_ids
     by_vector = None
     if embedder is not None and (query := embedder.embed([answered.content])):
         by_vector = vector_ranking(owner_id=user.pk, document_ids=document_ids, query=query[0],

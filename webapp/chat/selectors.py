@@ -88,7 +88,12 @@ def preset_list(*, user) -> list[dict]:
     """The system prompt presets the user can pick: everyone's (staff's), then the user's own."""
     presets = SystemPromptPreset.objects.filter(Q(user=None) | Q(user=user)).order_by(F("user").asc(nulls_first=True),
                                                                                        "name", "id")
-    return [{"id": p.pk, "name": p.name, "text": p.text, "shared": p.user_id is None} for p in presets]
+    from webapp.rag.knowledge import preset_bases
+
+    presets = list(presets)
+    bases = preset_bases(user=user, preset_ids=[p.pk for p in presets])  # those the user may read now
+    return [{"id": p.pk, "name": p.name, "text": p.text, "shared": p.user_id is None,
+             "knowledge_bases": bases.get(p.pk, [])} for p in presets]
 
 
 def chat_defaults_by_model(*, slugs: list[str]) -> dict[str, dict]:

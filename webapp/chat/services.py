@@ -22,6 +22,7 @@ from webapp.chat.prefix_sharing import shared_prefix_len
 from webapp.chat.sampling import FIELDS as SAMPLING_FIELDS
 from webapp.chat.sampling import SamplingError, sampling_params
 from webapp.chat.selectors import Tree, conversation_get
+from webapp.rag.knowledge import KnowledgeError, conversation_bases_set, preset_bases_set
 from webapp.rag.services import IngestError
 from webapp.keys.enforcement import LimitExceeded, limits_admit, limits_release, limits_reserve, worst_case_tokens
 from webapp.keys.limits import LimitStoreUnavailable
@@ -113,14 +114,21 @@ def _text(data: dict, name: str, max_chars: int | None = None) -> str:
 PRESET_NAME_LENGTH = 80
 
 
-def preset_save(*, user, name, text, max_chars: int) -> SystemPromptPreset:
-    """Save a system prompt under a name (the user's own preset of that name is replaced)."""
+def preset_save(*, user, name, text, max_chars: int, knowledge_bases=None) -> SystemPromptPreset:
+    """Save a system prompt under a name (the user's own preset of that name is replaced), with the
+    knowledge bases it brings when ``knowledge_bases`` is a list (None: those it had)."""
     name, text = _text({"name": name}, "name", PRESET_NAME_LENGTH).strip(), _text({"text": text}, "text", max_chars)
     if not name:
         raise ChatInputError("invalid_parameter", "Give the preset a name.", "name")
     if not text.strip():
         raise ChatInputError("invalid_parameter", "A preset needs a system prompt.", "text")
-    preset, _ = SystemPromptPreset.objects.update_or_create(user=user, name=name, defaults={"text": text})
+    with transaction.atomic():
+        preset, _ = SystemPromptPreset.objects.update_or_create(user=user, name=name, defaults={"text": text})
+        if knowledge_bases is not None:
+            try:
+                preset_bases_set(user=user, preset=preset, base_ids=knowledge_bases)
+            except KnowledgeError as exc:
+                raise ChatInputError("invalid_parameter", exc.message, "knowledge_bases") from None
     return preset
 
 
@@ -264,6 +272,11 @@ def turn_prepare(*, user, data: dict, started: float) -> Turn:
             conversation.sampling = {k: v for k, v in params.items() if v is not None}
             conversation.current_leaf = user_message
             conversation.save(update_fields=["model_name", "system_prompt", "sampling", "current_leaf", "updated_at"])
+            if data.get("knowledge_bases") is not None:  # the page's choice; absent: as before
+                try:
+                    conversation_bases_set(user=user, conversation=conversation, base_ids=data["knowledge_bases"])
+                except KnowledgeError as exc:
+                    raise ChatInputError("invalid_parameter", exc.message, "knowledge_bases") from None
             history = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
             max_model_len = version.engine_settings.get("max_model_len") or tokenizer.max_model_len
             # The prompt is the path shown, up to the message answered: other branches stay out of it.

@@ -17,6 +17,7 @@ from webapp.chat.selectors import (chat_defaults_by_model, conversation_get, con
 from webapp.chat.services import conversation_delete, conversation_rename
 from webapp.keys.selectors import chatlimits_allowed_slugs
 from webapp.keys.services import chatlimits_get_or_create
+from webapp.rag.selectors import readable_knowledge_bases
 from webapp.registry.selectors import modelversion_list_active
 
 
@@ -33,6 +34,7 @@ def chat_page(request, conversation_id: int | None = None):
     models = chatlimits_allowed_slugs(limits=chatlimits_get_or_create(user=request.user),
                                       slugs=[version.model.slug for version in modelversion_list_active()])
     running = get_answer_board().running_ids(user=request.user)  # answers still being written
+    bases = list(readable_knowledge_bases(user_id=request.user.pk).select_related("team"))
     state = {
         "conversation": {"id": conversation.pk, "title": conversation.title} if conversation else None,
         "messages": message_path_dicts(conversation=conversation) if conversation else [],
@@ -44,6 +46,10 @@ def chat_page(request, conversation_id: int | None = None):
         "sampling": conversation.sampling if conversation else {},
         "defaults": chat_defaults_by_model(slugs=models),  # staff's, per model
         "presets": preset_list(user=request.user),
+        # The knowledge bases this user may read, and which of them the conversation has attached.
+        "knowledge_bases": [{"id": b.pk, "name": b.name, "team": b.team.name if b.team else None}
+                            for b in bases],
+        "attached_bases": [b.pk for b in bases if conversation and b.conversations.filter(pk=conversation.pk).exists()],
     }
     return render(request, "chat/index.html", {
         "conversations": conversation_list(user=request.user), "conversation": conversation,

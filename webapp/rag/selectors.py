@@ -1,7 +1,9 @@
 """Reads of indexed documents: the passages that answer a question, and one cited passage.
 
-Every read names its owner: a chunk is found only through documents whose ``owner`` is the user
-asking, whatever ids the caller passes (the ownership test: tests/webapp/test_rag_ownership.py).
+Every read names the user asking (``owner_id``): a chunk is found only through documents that user
+may read now (``readable_documents``: their own messages' documents, their own knowledge bases',
+their teams' knowledge bases'), whatever ids the caller passes (the ownership tests:
+tests/webapp/test_rag_retrieval.py, tests/webapp/test_rag_knowledge_bases.py).
 Ranking is the database's keyword search (sqlite_chunks / postgres_chunks); a second ranking,
 when the caller has one (vectors), joins it by reciprocal rank fusion (fusion.py).
 """
@@ -12,9 +14,11 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection
+from django.db.models import Q, QuerySet
 
 from webapp.rag.fusion import reciprocal_rank_fusion
-from webapp.rag.models import Chunk, Document
+from webapp.rag.models import Chunk, Document, KnowledgeBase
+from webapp.orgs.models import Membership
 
 MAX_QUERY_CHARS = 1000
 MAX_QUERY_TOKENS = 24
@@ -26,6 +30,25 @@ here hers him his how i if in into is it its itself just me more most my no nor 
 other our ours out over own same she should so some such than that the their theirs them then there these they
 this those through to too under until up very was we were what when where which while who whom why will with
 would you your yours tell say says said please document documents""".split())
+
+
+def readable_knowledge_bases(*, user_id: int) -> QuerySet[KnowledgeBase]:
+    """The user's own bases and those of the teams they are a member of now (any role)."""
+    teams = Membership.objects.filter(user_id=user_id).values("team_id")
+    return KnowledgeBase.objects.filter(Q(owner_id=user_id) | Q(team_id__in=teams))
+
+
+def readable_documents(*, user_id: int) -> QuerySet[Document]:
+    """Every document whose chunks the user may read: their messages' and their readable bases'."""
+    return Document.objects.filter(Q(knowledge_base__isnull=True, owner_id=user_id)
+                                   | Q(knowledge_base__in=readable_knowledge_bases(user_id=user_id).values("id")))
+
+
+def readable_ids(*, user_id: int, document_ids: list[int]) -> list[int]:
+    """Of ``document_ids``, those the user may read."""
+    if not document_ids:
+        return []
+    return list(readable_documents(user_id=user_id).filter(id__in=document_ids).values_list("id", flat=True))
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,7 @@ def question_tokens(text: str) -> list[str]:
 
 def keyword_ranking(*, owner_id: int, document_ids: list[int], question: str, limit: int = CANDIDATES) -> list[int]:
     tokens = question_tokens(question)
+    document_ids = readable_ids(user_id=owner_id, document_ids=document_ids)
     if connection.vendor == "postgresql":
         from webapp.rag import postgres_chunks
 
@@ -62,11 +86,11 @@ def keyword_ranking(*, owner_id: int, document_ids: list[int], question: str, li
 
 def passages_retrieve(*, owner_id: int, document_ids: list[int], question: str, max_chars: int,
                       max_passages: int, vector_ranking: list[int] | None = None) -> list[Passage]:
-    """The owner's best chunks for ``question`` within ``max_chars`` of text, best first."""
+    """The user's best readable chunks of ``document_ids`` for ``question`` within ``max_chars`` of text, best first."""
     ranking = keyword_ranking(owner_id=owner_id, document_ids=document_ids, question=question)
     if vector_ranking:
         ranking = reciprocal_rank_fusion(ranking, vector_ranking)
-    chunks = Chunk.objects.filter(pk__in=ranking[:CANDIDATES], document__owner_id=owner_id,
+    chunks = Chunk.objects.filter(pk__in=ranking[:CANDIDATES], document__in=readable_documents(user_id=owner_id),
                                   document_id__in=document_ids).select_related("document")
     by_id = {chunk.pk: chunk for chunk in chunks}
     passages, used = [], 0
@@ -86,8 +110,9 @@ CONTEXT_CHARS = 400
 
 def passage_get(*, owner_id: int, chunk_id: int) -> dict | None:
     """A cited passage as the side panel shows it: the chunk with some text around it; None unless the
-    chunk is one of the owner's."""
-    chunk = Chunk.objects.filter(pk=chunk_id, document__owner_id=owner_id).select_related("document").first()
+    chunk is one the user may read now."""
+    chunk = (Chunk.objects.filter(pk=chunk_id, document__in=readable_documents(user_id=owner_id))
+             .select_related("document").first())
     if chunk is None:
         return None
     text = chunk.document.text
@@ -102,3 +127,10 @@ def passage_get(*, owner_id: int, chunk_id: int) -> dict | None:
 
 def conversation_document_ids(*, owner_id: int, message_ids: list[int]) -> list[int]:
     return list(Document.objects.filter(owner_id=owner_id, message_id__in=message_ids).values_list("id", flat=True))
+
+
+def conversation_knowledge_document_ids(*, user_id: int, conversation_id: int) -> list[int]:
+    """The documents of the knowledge bases attached to the conversation that the user may read now
+    (a base of a team they have left is skipped, not refused: the turn goes on without it)."""
+    bases = readable_knowledge_bases(user_id=user_id).filter(conversations__id=conversation_id).values("id")
+    return list(Document.objects.filter(knowledge_base__in=bases).values_list("id", flat=True))

@@ -30,21 +30,26 @@ def documents_ingest(*, message, embedder=None) -> list[Document]:
         if position in existing:
             documents.append(existing[position])
             continue
-        name = attachment["name"]
-        text, spans = chunk_document(name, attachment["text"])
-        if not spans:
-            raise IngestError(f"{name} has no text to read.")
-        kind = document_kind(name)
-        document = Document.objects.create(
-            owner_id=message.conversation.user_id, conversation_id=message.conversation_id, message=message,
-            position=position, name=name, kind=kind, text=text,
-            num_pages=text.count(PAGE_BREAK) + 1 if kind == "pdf" or PAGE_BREAK in text else None)
-        Chunk.objects.bulk_create(Chunk(document=document, ordinal=s.ordinal, page=s.page, heading=s.heading,
-                                        start=s.start, end=s.end, text=text[s.start:s.end]) for s in spans)
-        documents.append(document)
+        documents.append(_document_create(
+            name=attachment["name"], raw_text=attachment["text"], owner_id=message.conversation.user_id,
+            conversation_id=message.conversation_id, message=message, position=position))
     if embedder is not None:
         _embed(documents, embedder)
     return documents
+
+
+def _document_create(*, name: str, raw_text: str, **where) -> Document:
+    """One Document and all of its chunks (the caller's transaction makes them all or nothing)."""
+    text, spans = chunk_document(name, raw_text)
+    if not spans:
+        raise IngestError(f"{name} has no text to read.")
+    kind = document_kind(name)
+    document = Document.objects.create(
+        name=name, kind=kind, text=text, **where,
+        num_pages=text.count(PAGE_BREAK) + 1 if kind == "pdf" or PAGE_BREAK in text else None)
+    Chunk.objects.bulk_create(Chunk(document=document, ordinal=s.ordinal, page=s.page, heading=s.heading,
+                                    start=s.start, end=s.end, text=text[s.start:s.end]) for s in spans)
+    return document
 
 
 def _embed(documents: list[Document], embedder) -> None:

@@ -13,7 +13,8 @@ DROP = drop_statements(INDEXES)
 
 
 def search(connection, *, owner_id: int, document_ids: list[int], tokens: list[str], limit: int) -> list[int]:
-    """Chunk ids of the owner's documents ``document_ids`` matching any token, best (bm25) first."""
+    """Chunk ids of ``document_ids`` (already narrowed to those the user may read: selectors.keyword_ranking)
+    matching any token, best (bm25) first."""
     if not document_ids or not tokens:
         return []
     match = " OR ".join('"' + token.replace('"', '""') + '"' for token in tokens)
@@ -22,8 +23,8 @@ def search(connection, *, owner_id: int, document_ids: list[int], tokens: list[s
         SELECT c.id FROM {FTS}
         JOIN rag_chunk c ON c.id = {FTS}.rowid
         JOIN rag_document d ON d.id = c.document_id
-        WHERE {FTS} MATCH %s AND d.owner_id = %s AND d.id IN ({marks})
+        WHERE {FTS} MATCH %s AND d.id IN ({marks})
         ORDER BY bm25({FTS}), c.id LIMIT %s"""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [match, owner_id, *document_ids, limit])
+        cursor.execute(sql, [match, *document_ids, limit])
         return [row[0] for row in cursor.fetchall()]

@@ -78,8 +78,10 @@ def active_embedder(*, owner_id: int) -> Embedder | None:
 
 def vector_ranking(*, owner_id: int, document_ids: list[int], query: bytes, model_slug: str,
                    limit: int = CANDIDATES) -> list[int]:
-    """The owner's chunks of ``document_ids`` embedded by ``model_slug``, most similar to ``query`` first."""
-    rows = list(Chunk.objects.filter(document__owner_id=owner_id, document_id__in=document_ids,
+    """The chunks of ``document_ids`` the user may read embedded by ``model_slug``, most similar to ``query`` first."""
+    from webapp.rag.selectors import readable_documents
+
+    rows = list(Chunk.objects.filter(document__in=readable_documents(user_id=owner_id), document_id__in=document_ids,
                                      embedding_model=model_slug, embedding__isnull=False)
                 .values_list("id", "embedding"))
     if not rows:
