@@ -208,6 +208,14 @@ class EngineConfig:
     max_model_len: int | None = _setting(None, "context length in tokens; default: the model's own",
                                          minimum=1)
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of a shared prompt prefix", bool)
+    batch_invariant: bool = _setting(
+        True, "a request's tokens do not depend on the rest of its batch, how its prompt was chunked, "
+        "the prefix cache, the thread count or a preemption: where the fused CPU step runs (a plain "
+        "Llama-family layer over the engine's int4 kernel, a bf16 or float32 pool, no dense bf16 "
+        "copies), prompt tokens take its per-row arithmetic as decodes do. false: prompt chunks take "
+        "the torch path (SDPA's flash kernel, whose bits depend on where the prompt was cut). Where "
+        "the fused step does not run (CUDA, Gemma 3, Qwen3, 8-bit caches, LoRA rows) it is not "
+        "guaranteed; start-up states which holds", bool)
     scheduling_policy: str = _setting("fcfs", "fcfs, or priority (lower priority value first)", str,
                                       choices=SCHEDULING_POLICIES)
     fair_share: bool = _setting(

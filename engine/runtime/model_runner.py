@@ -145,6 +145,7 @@ class ModelRunner:
         self.fused_decode = FusedDecode.build(
             self.model, self.kv_caches, self.block_size, use_triton=self.use_triton,
             tensor_parallel=self.tp > 1, dense_rows=dense_rows) if self.device.type == "cpu" else None
+        self.batch_invariant = self._batch_invariant(config, dense_rows)
         # LoRA adapters: projections wrapped (after the fused step took the plain ones) at the first
         self.lora = LoRARuntime(self.model, num_slots=config.max_loras, max_rank=config.max_lora_rank,
                                 dtype=self.dtype, device=self.device, tensor_parallel=self.tp > 1)
@@ -172,6 +173,21 @@ class ModelRunner:
             return
         inner.embed_tokens = Int8Embedding(head.q8_weight, head.q8_scales, self.dtype)
         head.weight = None  # the head multiplies its int8 copy only
+
+    def _batch_invariant(self, config, dense_rows) -> bool:
+        """Whether prompt rows take the fused step's per-row arithmetic too (config.batch_invariant);
+        states at start-up whether a request's tokens are independent of its batch."""
+        if not config.batch_invariant:
+            logger.info("batch_invariant off: prompt chunks take the torch path; a greedy answer may "
+                        "change with the batch, the chunking and the prefix cache")
+            return False
+        if self.fused_decode is None or dense_rows:
+            logger.warning("batch_invariant: not guaranteed here (%s); prompt chunks take the torch path",
+                           "dense bf16 copies" if dense_rows else "the fused CPU step does not run")
+            return False
+        logger.info("batch_invariant: every row (prompt tokens and decodes) through the fused step's "
+                    "per-row arithmetic; a base-model request's tokens do not depend on its batch")
+        return True
 
     def _dense_rows(self) -> int | None:
         """quantization_dense_rows where it applies (quantized layers, CPU with fast bf16, bf16
@@ -283,18 +299,22 @@ class ModelRunner:
         forwards (the base decodes fused, the rest on the torch path): a base request's tokens never
         depend on whether adapters share its step."""
         if self.fused_decode is not None and any(e.seq.adapter is not None for e in entries):
-            fusable = [e.num_new_tokens == 1 and e.seq.adapter is None for e in entries]
-            if 0 < sum(fusable) < len(entries) and self.fused_decode.takes(sum(fusable)):
+            fusable = [e.seq.adapter is None and (e.num_new_tokens == 1 or self.batch_invariant)
+                       for e in entries]
+            rows = sum(e.num_new_tokens for e, f in zip(entries, fusable) if f)
+            if 0 < sum(fusable) < len(entries) and self.fused_decode.takes(rows):
                 return (self._execute([e for e, f in zip(entries, fusable) if not f])
                         + self._execute([e for e, f in zip(entries, fusable) if f]))
         return self._execute(entries)
 
     def _execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
         num_adapter_rows = sum(e.num_new_tokens for e in entries if e.seq.adapter is not None)
+        every_row = self.batch_invariant and not num_adapter_rows
         fused = self.fused_decode is not None and self.fused_decode.takes(
-            sum(e.num_new_tokens == 1 for e in entries), num_adapter_rows)
+            sum(e.num_new_tokens if every_row else e.num_new_tokens == 1 for e in entries), num_adapter_rows)
         batch = build_input_batch(entries, self.block_size, self.device, self.use_triton, fused,
-                                  window_tables=self.window_split is not None)
+                                  window_tables=self.window_split is not None,
+                                  fused_prefill=fused and every_row)
         batch.meta.workspace = self.workspace
         if batch.meta.window is not None:
             batch.meta.window.workspace = self.workspace
@@ -308,7 +328,7 @@ class ModelRunner:
             if not num_adapter_rows and self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
                 hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
             elif fused:
-                hidden = self._forward_fused(batch)
+                hidden = self._forward_fused(batch, every_row)
             else:
                 hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
             if not batch.sampling:
@@ -324,10 +344,13 @@ class ModelRunner:
         token_ids, logprobs = self._to_host(batch.sampling, out)
         return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
 
-    def _forward_fused(self, batch) -> torch.Tensor:
-        """Prefill rows through the model, decode rows (the flat batch's last) fused."""
+    def _forward_fused(self, batch, every_row: bool) -> torch.Tensor:
+        """Every row fused (batch-invariant), or prefill rows through the model and the decode
+        rows (the flat batch's last) fused."""
         n, meta = batch.meta.num_prefill_tokens, batch.meta
         ids, positions = batch.input_ids, batch.positions
+        if every_row:
+            return self.fused_decode.run(ids, positions, meta.slot_mapping, meta)
         decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta)
         if n == 0:
             return decoded

@@ -25,9 +25,11 @@ class InputBatch:
 
 def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
                       use_triton: bool, fused_decode: bool = False,
-                      window_tables: bool = False) -> InputBatch:
+                      window_tables: bool = False, fused_prefill: bool = False) -> InputBatch:
     """fused_decode (CPU): the decode rows run in engine/models/fused_decode.py, which reads their
     block tables and context lengths (as the Triton path does) instead of decode groups.
+    fused_prefill (with fused_decode; the batch-invariant mode): every row runs there, a prompt
+    chunk's tokens as rows of their own, each over its sequence's table up to its own position.
     window_tables: also ``meta.window``, the same step over the sequences' window tables (the
     sliding-window layers' own pool, engine/scheduling/window_blocks.py; CPU path)."""
     prefills = [e for e in entries if e.num_new_tokens > 1]
@@ -61,7 +63,9 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         num_prefill_tokens=num_prefill_tokens,
         num_decode_tokens=len(decodes),
     )
-    if use_triton:
+    if fused_decode and fused_prefill:
+        _fill_row_tables(meta, ordered, device)
+    elif use_triton:
         _fill_triton_metadata(meta, prefills, decodes, block_size, device)
     else:
         _fill_torch_metadata(meta, prefills, [] if fused_decode else decodes, block_size, device)
@@ -143,6 +147,15 @@ def _fill_decode_tables(meta, decodes, device) -> None:
     if decodes:
         meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
         meta.decode_block_tables = _padded_tables(decodes, device)
+
+
+def _fill_row_tables(meta, ordered, device) -> None:
+    """Every row's context length (its own token included) and its sequence's block table, int32:
+    a prompt chunk's token at position p attends to positions 0..p, as that token's decode would."""
+    meta.decode_context_lens = _tensor([p + 1 for e in ordered for p in range(e.start, e.start + e.num_new_tokens)],
+                                       device, torch.int32)
+    counts = torch.tensor([e.num_new_tokens for e in ordered])
+    meta.decode_block_tables = _padded_tables(ordered, device).repeat_interleave(counts.to(device), dim=0)
 
 
 def _padded_tables(entries, device) -> torch.Tensor:

@@ -33,10 +33,11 @@ def test_int4_base_keeps_the_fused_step_for_its_rows_only(tiny_lora):  # noqa: F
 
     alone = [llm.generate([p], PARAMS, adapters=a)[0].token_ids
              for p, a in zip(prompts, (None, terse, chatty))]
-    assert sum(fused_rows) == NUM_TOKENS - 1  # the base request's decodes, none of the adapters'
+    base_rows = len(prompts[0]) + NUM_TOKENS - 1  # batch-invariant: its prompt too, then its decodes
+    assert sum(fused_rows) == base_rows  # none of the adapters' rows
     assert alone[1] != llm.generate([prompts[1]], PARAMS)[0].token_ids  # the adapter matters
 
     fused_rows.clear()
     mixed = [o.token_ids for o in llm.generate(prompts, PARAMS, adapters=[None, terse, chatty])]
     assert mixed == alone
-    assert sum(fused_rows) == NUM_TOKENS - 1  # only the base row was fused, in the mixed steps too
+    assert sum(fused_rows) == base_rows  # only the base request's rows were fused, in the mixed steps too

@@ -1,0 +1,108 @@
+"""What batch invariance costs (engine.config ``batch_invariant``): the bundled SmolLM2 with the
+mode on (prompt rows through the fused C step, as decodes) and off (prompt chunks on the torch
+path), two engines in one process, alternated ``--repeats`` times so a shared machine's drifting
+load hits both alike. Prefix caching is off: every run computes its prompt.
+
+- time to first token of one document of ``--tokens`` lengths (max_tokens 1, offline, chunked as
+  the scheduler does);
+- one stream: time per output token of a greedy chat answer (``--max-tokens``, EOS ignored);
+- ``--streams`` streams at once: output tokens per second, prompts and decodes of one batch;
+- whether the greedy answers of both modes are the same (they need not be: the two modes round
+  prompts differently; the mode's promise is that each gives itself the same answer).
+
+Prints medians, the on/off ratios (target: the mode costs at most 5% at 1 and 32 streams) and
+the CPU's model and flags.
+
+    .venv/bin/python bench/batch_invariance.py [--tokens 512 2048 6000] [--repeats 2]
+        [--max-tokens 64] [--streams 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine import LLM, SamplingParams  # noqa: E402
+from bench.prefill import document_tokens, prefill_pagoda  # noqa: E402
+
+QUESTIONS = ["Say hello.", "Name three rivers.", "Explain a prefix cache in a sentence.",
+             "Write a haiku about tides.", "What is 17 times 3?", "Give me a packing list for a hike.",
+             "Why is the sky blue?", "Summarise the plot of Hamlet."]
+
+
+def cpu_line() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), [])
+    wanted = [f for f in flags if f in ("avx2", "fma", "f16c", "avx_vnni") or f.startswith(("avx512", "amx"))]
+    return f"{model}; {os.cpu_count()} CPUs; {' '.join(wanted) or 'no avx2/avx512/amx'}"
+
+
+def one_stream(llm: LLM, max_tokens: int) -> tuple[float, list[int]]:
+    """Seconds per output token after the first, and the tokens."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    times, ids = [], []
+    for out in llm.stream(llm.engine.encode_prompt(_chat(llm, QUESTIONS[0])), params):
+        times.append(time.perf_counter())
+        ids.extend(out.token_ids_delta)
+    return (times[-1] - times[0]) / max(1, len(times) - 1), ids
+
+
+def many_streams(llm: LLM, streams: int, max_tokens: int) -> float:
+    """Output tokens per second of ``streams`` greedy answers run as one batch."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    prompts = [_chat(llm, f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})") for i in range(streams)]
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def _chat(llm: LLM, question: str) -> str:
+    from engine.text.tokenizer import apply_chat_template
+    return apply_chat_template(llm.tokenizer, [{"role": "user", "content": question}])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 6000])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=32)
+    args = ap.parse_args()
+
+    engines = {mode: LLM("smollm2", enable_prefix_caching=False, batch_invariant=mode == "on")
+               for mode in ("off", "on")}
+    assert engines["on"].engine.runner.batch_invariant, "the mode does not apply here (see the log)"
+    print(f"CPU: {cpu_line()}; {torch.get_num_threads()} threads; {engines['on'].engine.runner.dtype}")
+    doc = {n: document_tokens(engines["on"].tokenizer, n) for n in args.tokens}
+    results: dict[tuple[str, str], list[float]] = {}
+    answers: dict[str, list[int]] = {}
+    for _ in range(args.repeats):
+        for mode, llm in engines.items():
+            for n in args.tokens:
+                results.setdefault((mode, f"TTFT {n} tokens (s)"), []).append(prefill_pagoda(llm, doc[n])[0])
+            tpot, answers[mode] = one_stream(llm, args.max_tokens)
+            results.setdefault((mode, "1 stream, ms per token"), []).append(1000 * tpot)
+            results.setdefault((mode, f"{args.streams} streams, tok/s"), []).append(
+                many_streams(llm, args.streams, args.max_tokens))
+    print(f"load average {os.getloadavg()[0]:.1f}; medians of {args.repeats}")
+    print(f"{'measure':<28}{'off':>10}{'on':>10}{'on/off':>9}")
+    for measure in dict.fromkeys(m for _, m in results):
+        off, on = (statistics.median(results[mode, measure]) for mode in ("off", "on"))
+        print(f"{measure:<28}{off:>10.3f}{on:>10.3f}{on / off:>9.3f}")
+    print("greedy answers of the two modes", "the same" if answers["on"] == answers["off"] else "differ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
