@@ -181,6 +181,40 @@ static inline __attribute__((always_inline)) void accumulate_v(float *acc, const
     }
 }
 #endif
+#if defined(__AVX512F__)
+/* acc [nh, D] += p [nh, bs] times the block's n V rows from vb (row stride rbytes), 64 columns (four
+   vectors) a pass held in registers over the block, as accumulate_v does with AVX2 (through memory
+   the accumulators were a load and a store per 16 columns, token and head: a long prefill's rows
+   spent most of attention there). Each element's sum runs over the tokens in order, one fused
+   multiply-add each, as before: the same bits. D a multiple of 16. */
+static inline __attribute__((always_inline)) void accumulate_v16(float *acc, const float *p, int64_t bs,
+                                                                 const int nh, const char *vb, int64_t rbytes,
+                                                                 int bf16, int64_t n, const int64_t D) {
+    const int64_t esize = bf16 ? 2 : 4;
+    for (int64_t c = 0; c < D; c += 64) {
+        const int64_t w = D - c < 64 ? (D - c) / 16 : 4; /* vectors in this pass */
+        __m512 a[4][4];
+        for (int g = 0; g < nh; g++)
+            for (int64_t u = 0; u < w; u++) a[g][u] = _mm512_loadu_ps(acc + g * D + c + 16 * u);
+        const char *vc = vb + c * esize;
+        for (int64_t j = 0; j < n; j++) {
+            __m512 v[4];
+            for (int64_t u = 0; u < w; u++) {
+                const char *src = vc + j * rbytes + 16 * u * esize;
+                v[u] = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src)), 16))
+                            : _mm512_loadu_ps((const float *)src);
+            }
+            for (int g = 0; g < nh; g++) {
+                const __m512 pj = _mm512_set1_ps(p[g * bs + j]);
+                for (int64_t u = 0; u < w; u++) a[g][u] = _mm512_fmadd_ps(pj, v[u], a[g][u]);
+            }
+        }
+        for (int g = 0; g < nh; g++)
+            for (int64_t u = 0; u < w; u++) _mm512_storeu_ps(acc + g * D + c + 16 * u, a[g][u]);
+    }
+}
+#endif
 
 /* A work item's query heads: nh (at most PG_MAX_GROUP) of each of the nkv KV heads from kvh0,
    q [nkv * nh, D] (already scaled; KV head kvh0 + i's heads are rows i * nh ...), over their
@@ -264,22 +298,26 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
             }
             total[g] += sum;
         }
-#if !defined(__AVX512F__)
+#if defined(__AVX512F__)
+#define PG_ACCUMULATE_V accumulate_v16
+#else
+#define PG_ACCUMULATE_V accumulate_v
+#endif
         if (D % 16 == 0 && nh <= 4) { /* a switch: the heads a constant, their sums in registers */
             for (int64_t i = 0; i < nkv; i++) {
                 float *ai = acc + i * nh * D;
                 const float *pi = scores + i * nh * bs;
                 const char *vi = vb + i * D * esize;
                 switch (nh) {
-                    case 1: accumulate_v(ai, pi, bs, 1, vi, rbytes, bf16, n, D); break;
-                    case 2: accumulate_v(ai, pi, bs, 2, vi, rbytes, bf16, n, D); break;
-                    case 3: accumulate_v(ai, pi, bs, 3, vi, rbytes, bf16, n, D); break;
-                    default: accumulate_v(ai, pi, bs, 4, vi, rbytes, bf16, n, D); break;
+                    case 1: PG_ACCUMULATE_V(ai, pi, bs, 1, vi, rbytes, bf16, n, D); break;
+                    case 2: PG_ACCUMULATE_V(ai, pi, bs, 2, vi, rbytes, bf16, n, D); break;
+                    case 3: PG_ACCUMULATE_V(ai, pi, bs, 3, vi, rbytes, bf16, n, D); break;
+                    default: PG_ACCUMULATE_V(ai, pi, bs, 4, vi, rbytes, bf16, n, D); break;
                 }
             }
             continue;
         }
-#endif
+#undef PG_ACCUMULATE_V
         for (int64_t j = 0; j < n; j++) {
             for (int64_t i = 0; i < nkv; i++) {
                 const float *v = kv_row(vb + j * rbytes + i * D * esize, bf16, kbuf, D);
