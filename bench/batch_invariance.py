@@ -1,7 +1,7 @@
 """What batch invariance costs (engine.config ``batch_invariant``): the bundled SmolLM2 with the
 mode on (prompt rows through the fused C step, as decodes) and off (prompt chunks on the torch
 path), two engines in one process, alternated ``--repeats`` times so a shared machine's drifting
-load hits both alike. Prefix caching is off: every run computes its prompt.
+load hits both alike (each repeat in the other order). Prefix caching is off: every run computes its prompt.
 
 - time to first token of one document of ``--tokens`` lengths (max_tokens 1, offline, chunked as
   the scheduler does);
@@ -87,8 +87,9 @@ def main() -> int:
     doc = {n: document_tokens(engines["on"].tokenizer, n) for n in args.tokens}
     results: dict[tuple[str, str], list[float]] = {}
     answers: dict[str, list[int]] = {}
-    for _ in range(args.repeats):
-        for mode, llm in engines.items():
+    for repeat in range(args.repeats):
+        for mode in ("off", "on") if repeat % 2 == 0 else ("on", "off"):  # neither always second
+            llm = engines[mode]
             for n in args.tokens:
                 results.setdefault((mode, f"TTFT {n} tokens (s)"), []).append(prefill_pagoda(llm, doc[n])[0])
             tpot, answers[mode] = one_stream(llm, args.max_tokens)

@@ -167,3 +167,24 @@ def test_the_fused_step_stays_off_where_it_does_not_apply(tiny_llama_dir, monkey
     assert float_llm.engine.runner.fused_decode is None  # float projections
     monkeypatch.setenv("PAGODA_FUSED_DECODE", "0")
     assert _runner(tiny_llama_dir).fused_decode is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_prompt_chunks_rows_are_each_the_bits_of_that_token_decoded_alone(tiny_llama_dir, dtype):
+    """The batch-invariant prefill: a chunk's rows run together (pg_attend_rows widens each block's
+    K/V once for up to PG_ROW_GROUP of them, rows of other sequences beside) give each row the
+    hidden state that token gets as a lone decode step over the same cache."""
+    runner = _runner(tiny_llama_dir, dtype)
+    seqs = _sequences(lengths=(70, 9, 37))
+    entries = [_entry(t, b, 0, len(t)) for t, b in seqs] + [_entry(seqs[1][0], seqs[1][1], 8, 1)]
+    entries[1] = _entry(seqs[1][0], seqs[1][1], 0, 8)  # and a decode row after the chunks
+    with torch.inference_mode():
+        batch = build_input_batch(entries, BLOCK, runner.device, False, fused_decode=True, fused_prefill=True)
+        together = runner.fused_decode.run(batch.input_ids, batch.positions, batch.meta.slot_mapping, batch.meta)
+    rows = [(s, p) for s, e in zip((0, 1, 2, 1), entries) for p in range(e.start, e.start + e.num_new_tokens)]
+    batch_rows = dict(zip(((s, p) for s, p in rows), together))
+    for (s, p), hidden in batch_rows.items():
+        tokens, blocks = seqs[s]
+        alone = _decode(runner, [(tokens[:p + 1], blocks)])[0]
+        assert torch.equal(alone, hidden), f"sequence {s}, position {p}"

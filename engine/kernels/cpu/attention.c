@@ -4,6 +4,8 @@
 
 #include "pagoda_kernels.h"
 
+#include <stdlib.h>
+
 #if defined(PG_NATIVE)
 #if !defined(__AVX512F__)
 /* pg_exp on 8 lanes, the same operations in the same order per lane (the same bits). */
@@ -226,6 +228,103 @@ static inline __attribute__((always_inline)) void accumulate_v16(float *acc, con
    (64 rows at 300 tokens: 0.95x the step's time with AVX2). Each head's arithmetic is its own,
    in the same order whatever heads share its item. D is a constant in the callers below, so the
    inner loops unroll into registers. */
+/* One block of n tokens (K and V rows from kb and vb, row stride rbytes, bf16 or float32) for a
+   work item's heads: their scores, the online softmax's update of mx and total, and acc += p V.
+   attend_heads runs it block after block for one row; pg_attend_rows for several rows of one
+   sequence over K/V rows it widened once: a row's arithmetic is the same in both. */
+static inline __attribute__((always_inline)) void
+attend_block(const float *q, int64_t nkv, int64_t nh, const char *kb, const char *vb, int64_t rbytes,
+             int bf16, int64_t n, int64_t bs, float *scores, float *kbuf, float *acc, float *mx,
+             float *total, const int64_t D) {
+    const int64_t esize = bf16 ? 2 : 4, heads = nkv * nh;
+    for (int64_t i = 0; i < nkv; i++) {
+        const float *qi = q + i * nh * D;
+        const char *ki = kb + i * D * esize;
+        float *si = scores + i * nh * bs;
+#if defined(__AVX512F__)
+        if (D % 16 == 0) {
+            for (int64_t j0 = 0; j0 < n; j0 += 16)
+                scores16(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 16 ? n - j0 : 16,
+                         si + j0, bs, D);
+            continue;
+        }
+#else
+        if (D % 16 == 0) {
+            for (int64_t j0 = 0; j0 < n; j0 += 8)
+                scores8(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 8 ? n - j0 : 8, si + j0,
+                        bs, D);
+            continue;
+        }
+#endif
+        for (int64_t j = 0; j < n; j++) {
+            const float *k = kv_row(ki + j * rbytes, bf16, kbuf, D);
+            for (int64_t g = 0; g < nh; g++) si[g * bs + j] = dot(qi + g * D, k, D);
+        }
+    }
+    for (int64_t g = 0; g < heads; g++) {
+        float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : bmax)
+        for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
+        if (bmax > mx[g]) { /* rescale what came before to the new maximum */
+            const float r = pg_exp(mx[g] - bmax);
+            total[g] *= r;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
+            mx[g] = bmax;
+        }
+        const float m = mx[g];
+        int64_t j = 0;
+#if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
+        __m256 lanes = _mm256_setzero_ps();
+        for (; j + 8 <= n; j += 8) {
+            const __m256 e = pg_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m)));
+            _mm256_storeu_ps(sg + j, e);
+            lanes = _mm256_add_ps(lanes, e);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
+        for (int64_t t = j; t < n; t++) {
+            sg[t] = pg_exp(sg[t] - m);
+            sum += sg[t];
+        }
+        total[g] += sum;
+    }
+#if defined(__AVX512F__)
+#define PG_ACCUMULATE_V accumulate_v16
+#else
+#define PG_ACCUMULATE_V accumulate_v
+#endif
+    if (D % 16 == 0 && nh <= 4) { /* a switch: the heads a constant, their sums in registers */
+        for (int64_t i = 0; i < nkv; i++) {
+            float *ai = acc + i * nh * D;
+            const float *pi = scores + i * nh * bs;
+            const char *vi = vb + i * D * esize;
+            switch (nh) {
+                case 1: PG_ACCUMULATE_V(ai, pi, bs, 1, vi, rbytes, bf16, n, D); break;
+                case 2: PG_ACCUMULATE_V(ai, pi, bs, 2, vi, rbytes, bf16, n, D); break;
+                case 3: PG_ACCUMULATE_V(ai, pi, bs, 3, vi, rbytes, bf16, n, D); break;
+                default: PG_ACCUMULATE_V(ai, pi, bs, 4, vi, rbytes, bf16, n, D); break;
+            }
+        }
+        return;
+    }
+#undef PG_ACCUMULATE_V
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i = 0; i < nkv; i++) {
+            const float *v = kv_row(vb + j * rbytes + i * D * esize, bf16, kbuf, D);
+            for (int64_t g = i * nh; g < (i + 1) * nh; g++) {
+                const float p = scores[g * bs + j];
+                float *ag = acc + g * D;
+#pragma omp simd
+                for (int64_t e = 0; e < D; e++) ag[e] = fmaf(p, v[e], ag[e]);
+            }
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void
 attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_layer *L,
              const pg_shape *s, const int32_t *table, int64_t ctx, float *out, const int64_t D) {
@@ -243,92 +342,7 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
         const int64_t base = (int64_t)table[t0 / bs] * bs;
         const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * esize;
         const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * esize;
-        for (int64_t i = 0; i < nkv; i++) {
-            const float *qi = q + i * nh * D;
-            const char *ki = kb + i * D * esize;
-            float *si = scores + i * nh * bs;
-#if defined(__AVX512F__)
-            if (D % 16 == 0) {
-                for (int64_t j0 = 0; j0 < n; j0 += 16)
-                    scores16(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 16 ? n - j0 : 16,
-                             si + j0, bs, D);
-                continue;
-            }
-#else
-            if (D % 16 == 0) {
-                for (int64_t j0 = 0; j0 < n; j0 += 8)
-                    scores8(qi, nh, ki + j0 * rbytes, rbytes, bf16, n - j0 < 8 ? n - j0 : 8, si + j0,
-                            bs, D);
-                continue;
-            }
-#endif
-            for (int64_t j = 0; j < n; j++) {
-                const float *k = kv_row(ki + j * rbytes, bf16, kbuf, D);
-                for (int64_t g = 0; g < nh; g++) si[g * bs + j] = dot(qi + g * D, k, D);
-            }
-        }
-        for (int64_t g = 0; g < heads; g++) {
-            float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : bmax)
-            for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
-            if (bmax > mx[g]) { /* rescale what came before to the new maximum */
-                const float r = pg_exp(mx[g] - bmax);
-                total[g] *= r;
-#pragma omp simd
-                for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
-                mx[g] = bmax;
-            }
-            const float m = mx[g];
-            int64_t j = 0;
-#if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
-            __m256 lanes = _mm256_setzero_ps();
-            for (; j + 8 <= n; j += 8) {
-                const __m256 e = pg_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m)));
-                _mm256_storeu_ps(sg + j, e);
-                lanes = _mm256_add_ps(lanes, e);
-            }
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
-#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
-            for (int64_t t = j; t < n; t++) {
-                sg[t] = pg_exp(sg[t] - m);
-                sum += sg[t];
-            }
-            total[g] += sum;
-        }
-#if defined(__AVX512F__)
-#define PG_ACCUMULATE_V accumulate_v16
-#else
-#define PG_ACCUMULATE_V accumulate_v
-#endif
-        if (D % 16 == 0 && nh <= 4) { /* a switch: the heads a constant, their sums in registers */
-            for (int64_t i = 0; i < nkv; i++) {
-                float *ai = acc + i * nh * D;
-                const float *pi = scores + i * nh * bs;
-                const char *vi = vb + i * D * esize;
-                switch (nh) {
-                    case 1: PG_ACCUMULATE_V(ai, pi, bs, 1, vi, rbytes, bf16, n, D); break;
-                    case 2: PG_ACCUMULATE_V(ai, pi, bs, 2, vi, rbytes, bf16, n, D); break;
-                    case 3: PG_ACCUMULATE_V(ai, pi, bs, 3, vi, rbytes, bf16, n, D); break;
-                    default: PG_ACCUMULATE_V(ai, pi, bs, 4, vi, rbytes, bf16, n, D); break;
-                }
-            }
-            continue;
-        }
-#undef PG_ACCUMULATE_V
-        for (int64_t j = 0; j < n; j++) {
-            for (int64_t i = 0; i < nkv; i++) {
-                const float *v = kv_row(vb + j * rbytes + i * D * esize, bf16, kbuf, D);
-                for (int64_t g = i * nh; g < (i + 1) * nh; g++) {
-                    const float p = scores[g * bs + j];
-                    float *ag = acc + g * D;
-#pragma omp simd
-                    for (int64_t e = 0; e < D; e++) ag[e] = fmaf(p, v[e], ag[e]);
-                }
-            }
-        }
+        attend_block(q, nkv, nh, kb, vb, rbytes, bf16, n, bs, scores, kbuf, acc, mx, total, D);
     }
     for (int64_t g = 0; g < heads; g++) {
         const float inv = 1.0f / total[g];
@@ -342,6 +356,67 @@ static void attend(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const 
     if (s->head_dim == 64) attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, 64);
     else if (s->head_dim == 128) attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, 128);
     else attend_heads(q, kvh0, nkv, nh, L, s, table, ctx, out, s->head_dim);
+}
+
+/* Rows b0 .. b0 + count - 1 of one sequence (one block table; a prompt chunk's consecutive tokens,
+   each row's ctx its own), every head of each, into att: for each block, its K and V rows widened to
+   float32 once (exactly: a bf16 value is a float32 one) and then each row's attend_block over them
+   as attend_heads would run it, so a row's bits are those it gets alone. Widening once for the rows
+   instead of once per row is what a long prompt's attention was spent on. Work memory from malloc
+   (the rows' accumulators); on failure each row goes alone. */
+void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, const pg_layer *L,
+                    const pg_shape *s, const int32_t *tables, const int32_t *ctx, float *att) {
+    const int64_t H = s->heads, KVH = s->kv_heads, D = s->head_dim, group = H / KVH;
+    const int64_t bs = s->block_size, row = KVH * D, esize = s->kv_bf16 ? 2 : 4;
+    const int32_t *table = tables + b0 * s->table_width;
+    int64_t last = 0;
+    for (int64_t r = 0; r < count; r++) last = ctx[b0 + r] > last ? ctx[b0 + r] : last;
+    const int64_t per_row = 2 * H * D + 2 * H; /* q, acc, mx, total */
+    float *mem = malloc(sizeof(float) * (count * per_row + 2 * bs * row));
+    if (mem == NULL) {
+        const pg_items alone = {.kv_items = 1, .chunks = 1, .chunk_heads = group};
+        for (int64_t r = 0; r < count; r++) pg_attend_item(b0 + r, &alone, qkv, qkv_n, L, s, tables, ctx, att);
+        return;
+    }
+    float *kst = mem + count * per_row, *vst = kst + bs * row;
+    float scores[PG_MAX_ITEM_HEADS * 256], kbuf[512];
+    for (int64_t r = 0; r < count; r++) {
+        float *q = mem + r * per_row, *acc = q + H * D, *mx = acc + H * D, *total = mx + H;
+        const float *src = qkv + (b0 + r) * qkv_n;
+        for (int64_t i = 0; i < H * D; i++) q[i] = src[i] * s->scale, acc[i] = 0.0f;
+        for (int64_t g = 0; g < H; g++) mx[g] = -INFINITY, total[g] = 0.0f;
+    }
+    for (int64_t t0 = 0; t0 < last; t0 += bs) {
+        const int64_t n_all = last - t0 < bs ? last - t0 : bs;
+        const int64_t base = (int64_t)table[t0 / bs] * bs;
+        const char *kb = (const char *)L->k_cache + base * row * esize;
+        const char *vb = (const char *)L->v_cache + base * row * esize;
+        if (s->kv_bf16) {
+            for (int64_t i = 0; i < n_all * row; i++) {
+                kst[i] = bf16_to_f32(((const uint16_t *)kb)[i]);
+                vst[i] = bf16_to_f32(((const uint16_t *)vb)[i]);
+            }
+            kb = (const char *)kst, vb = (const char *)vst;
+        }
+        for (int64_t r = 0; r < count; r++) {
+            const int64_t c = ctx[b0 + r];
+            if (t0 >= c) continue;
+            float *q = mem + r * per_row, *acc = q + H * D, *mx = acc + H * D, *total = mx + H;
+            const int64_t n = c - t0 < bs ? c - t0 : bs;
+            if (D == 64) attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, 64);
+            else if (D == 128) attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, 128);
+            else attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, D);
+        }
+    }
+    for (int64_t r = 0; r < count; r++) {
+        const float *acc = mem + r * per_row + H * D, *total = acc + H * D + H;
+        float *out = att + (b0 + r) * H * D;
+        for (int64_t g = 0; g < H; g++) {
+            const float inv = 1.0f / total[g];
+            for (int64_t i = 0; i < D; i++) out[g * D + i] = acc[g * D + i] * inv;
+        }
+    }
+    free(mem);
 }
 
 /* Attention's work item ``item``: (row, part of its KV heads, chunk of their query heads), into att. */

@@ -24,6 +24,8 @@
 
 #include "pagoda_kernels.h"
 
+#include <stdlib.h>
+
 #if defined(PG_NATIVE)
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
     float ss = 0.0f;
@@ -101,6 +103,19 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
     while (it.chunks < group && B * it.kv_items * it.chunks < 4 * threads) it.chunks++;
     it.chunk_heads = (group + it.chunks - 1) / it.chunks;
     it.chunks = (group + it.chunk_heads - 1) / it.chunk_heads;
+    /* A prompt chunk's rows (consecutive, one block table, each the next position) attend in
+       groups of up to PG_ROW_GROUP, their K/V widened once (pg_attend_rows): the same bits as
+       each row alone, so a token does not depend on how its prompt was cut. */
+    int64_t *groups = NULL, ngroups = 0;
+    const int64_t w = s->table_width;
+    if (it.kv_items == 1 && it.chunks == 1 && (groups = malloc(sizeof(int64_t) * (B + 1))) != NULL) {
+        for (int64_t b = 0; b < B; b++)
+            if (b == 0 || b - groups[ngroups - 1] >= PG_ROW_GROUP || ctx[b] != ctx[b - 1] + 1 ||
+                memcmp(tables + b * w, tables + (b - 1) * w, sizeof(int32_t) * w) != 0)
+                groups[ngroups++] = b;
+        groups[ngroups] = B;
+        if (ngroups == B) free(groups), groups = NULL; /* decodes only: the items below */
+    }
     for (int64_t i = 0; i < B * hid; i++)
         res[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 #pragma omp parallel num_threads(s->num_threads > 0 ? (int)s->num_threads : 1)
@@ -134,7 +149,15 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                and a step's rows differ (fixed halves of 32 rows of mixed lengths took 1.07x as
                long); below, fixed shares (a shared counter cost 1 row ~3%) */
             const int64_t items = B * it.kv_items * it.chunks;
-            if (B >= DYNAMIC_ROWS) {
+            if (groups != NULL) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t g = 0; g < ngroups; g++) {
+                    if (groups[g + 1] - groups[g] == 1) /* one item a row here */
+                        pg_attend_item(groups[g], &it, qkv, qkv_n, L, s, tables, ctx, att);
+                    else
+                        pg_attend_rows(groups[g], groups[g + 1] - groups[g], qkv, qkv_n, L, s, tables, ctx, att);
+                }
+            } else if (B >= DYNAMIC_ROWS) {
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t item = 0; item < items; item++)
                     pg_attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
@@ -170,6 +193,7 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
             }
         }
     }
+    free(groups);
 }
 
 #else /* no AVX2/FMA/F16C: pagoda_decode_max_head_dim() 0 says so */

@@ -270,6 +270,11 @@ void pg_amx_products(int bits, const uint8_t *w, const uint16_t *d, const uint16
 void pg_attend_item(int64_t item, const pg_items *it, const float *qkv, int64_t qkv_n,
                     const pg_layer *L, const pg_shape *s, const int32_t *tables, const int32_t *ctx,
                     float *att);
+/* Rows b0 .. b0 + count - 1 of one sequence, each head of each, K/V widened once for them (attention.c). */
+void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, const pg_layer *L,
+                    const pg_shape *s, const int32_t *tables, const int32_t *ctx, float *att);
+/* Most rows pg_attend_rows takes at once. */
+#define PG_ROW_GROUP 16
 #endif /* AVX2, FMA, F16C */
 
 #endif /* PAGODA_KERNELS_H */
