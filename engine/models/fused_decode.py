@@ -34,6 +34,7 @@ from engine.quantization.int4 import Int4WeightOnlyLinear
 logger = logging.getLogger(__name__)
 
 ENV = "PAGODA_FUSED_DECODE"
+KEPT_ROWS = 256  # steps of at most this many rows reuse one work area (decodes, short prompts)
 
 
 def enabled() -> bool:
@@ -149,8 +150,8 @@ class FusedDecode:
         shape.table_width = tables.shape[1]
         shape.num_threads = torch.get_num_threads()
         lib = self.lib
-        work = self._grow("_work", lib.pagoda_decode_work_floats(ctypes.byref(shape), b))
-        scratch = self._grow("_scratch", lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b))
+        work = self._buffer("_work", lib.pagoda_decode_work_floats(ctypes.byref(shape), b), b)
+        scratch = self._buffer("_scratch", lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b), b)
         out = torch.empty(b, shape.hidden, dtype=self.dtype)
         lib.pagoda_decode_step(
             self.layers, len(self.layers), self.final_norm, ctypes.byref(shape), b,
@@ -158,6 +159,14 @@ class FusedDecode:
             tables.data_ptr(), ctx.data_ptr(), self.cos_sin.data_ptr(), out.data_ptr(),
             int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
         return out
+
+    def _buffer(self, name: str, numel: int, rows: int) -> torch.Tensor:
+        """The step's work area: kept (grown) for decode-sized steps; a prompt chunk's thousands
+        of rows (batch-invariant prefill: 31 KiB a row for SmolLM2, 64 MiB at 2,048) get one for
+        the call, so the process does not hold its largest prefill's area for good."""
+        if rows > KEPT_ROWS:
+            return torch.empty(numel, dtype=getattr(self, name).dtype)
+        return self._grow(name, numel)
 
     def _grow(self, name: str, numel: int) -> torch.Tensor:
         buf = getattr(self, name)
