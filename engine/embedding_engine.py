@@ -44,8 +44,7 @@ def embedding_family(path) -> str:
     both kinds) for a generation model."""
     import json
 
-    from engine.models.encoder_config import has_pooling_config
-    from engine.models.registry import supported_architecture
+    from engine.models.registry import has_pooling_config, supported_architecture
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     name = (config.get("architectures") or [config.get("model_type")])[0]

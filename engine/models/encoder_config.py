@@ -3,7 +3,7 @@ token states become one vector (modules.json, 1_Pooling/config.json, the Normali
 sentence_bert_config.json's max_seq_length) and its tensors, Hugging Face-named.
 
 A decoder checkpoint (Qwen3-Embedding style) with the same sentence-transformers files is an
-embedding model too (``has_pooling_config``): ``DecoderEmbeddingConfig`` wraps its decoder's
+embedding model too (registry.has_pooling_config): ``DecoderEmbeddingConfig`` wraps its decoder's
 ModelConfig with the pooling it asks for (engine/models/decoder_encoder.py runs it).
 
 Imports no torch at module level: the registry and the validator read the config first.
@@ -125,19 +125,6 @@ def pooling_mode(pooling_dir: Path) -> str:
         raise ModelLoadError(f"{str(config_file)!r} turns on {len(modes)} pooling modes "
                              f"({', '.join(modes) or 'none'}); exactly one is supported")
     return modes[0]
-
-
-def has_pooling_config(directory: Path) -> bool:
-    """Whether ``directory`` has a sentence-transformers modules.json naming a Pooling module: the
-    one rule that makes a decoder checkpoint an embedding model. Never raises (a malformed file
-    answers False here and fails at load, naming the file)."""
-    try:
-        modules = json.loads((Path(directory) / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(modules, list) and any(
-        isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].startswith("sentence_transformers.")
-        and m["type"].rpartition(".")[2] == "Pooling" for m in modules)
 
 
 # Pooling modes a causal decoder's states support: the first token's state sees only itself, so

@@ -53,13 +53,24 @@ def supported_architecture(name: str | None, *, where: str, gguf: bool = False) 
     raise ModelLoadError(f"unsupported architecture {name!r} in {where}; supported: {known}")
 
 
+def has_pooling_config(directory: Path) -> bool:
+    """Whether ``directory`` has a sentence-transformers modules.json naming a Pooling module: the
+    one rule that makes a decoder checkpoint an embedding model. Never raises (a malformed file
+    answers False here and fails at load, naming the file)."""
+    try:
+        modules = json.loads((Path(directory) / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].startswith("sentence_transformers.")
+        and m["type"].rpartition(".")[2] == "Pooling" for m in modules)
+
+
 def is_embedding_checkpoint(path: str | Path) -> bool:
     """True for an embedding model, served by engine/embedding_engine.py: a Hugging Face directory
     whose config.json names an encoder family, or a decoder family's with a sentence-transformers
     pooling config (modules.json naming a Pooling module, Qwen3-Embedding style). A plain decoder
     checkpoint stays a generation model. Reads config.json and modules.json only."""
-    from engine.models.encoder_config import has_pooling_config
-
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
