@@ -42,7 +42,7 @@ def stop_embedded_worker(model: str, drain_timeout: float | None = None) -> bool
     """``model``'s workers stop taking requests and drain; returns at once.
 
     False when this process serves nothing of ``model``. Running requests finish within
-    ``drain_timeout`` (default: the worker's own, 30 s).
+    ``drain_timeout`` (default: the deployment's serving.drain_timeout_s).
     """
     with _lock:
         server = _servers.get(model)

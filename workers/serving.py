@@ -55,7 +55,9 @@ class ModelServer:
     Every method may be called from any thread.
     """
 
-    def __init__(self, model: str, *, redis_url: str | None, drain_timeout: float = 30.0):
+    def __init__(self, model: str, *, redis_url: str | None, drain_timeout: float | None = None):
+        # None: the deployment's serving.drain_timeout_s (pagoda.yaml / PAGODA_DRAIN_TIMEOUT),
+        # read at the first serve(); an activation's hand-over drains by it as a shutdown does.
         self.model, self.redis_url, self.drain_timeout = model, redis_url, drain_timeout
         self._lock = threading.Lock()
         self._workers: list[_Running] = []  # in start order; ended ones pruned by serve()
@@ -88,6 +90,8 @@ class ModelServer:
             self._failed = None
             try:  # the version's settings over pagoda.yaml's, under the environment's
                 self._config = self._config or load_config()
+                if self.drain_timeout is None:
+                    self.drain_timeout = float(self._config.serving["drain_timeout_s"])
                 settings = self._config.engine_settings(spec.engine_settings)
                 check_fits(EngineConfig.from_settings(spec.path, settings), settings)  # before connecting
             except InvalidParameterError:
@@ -252,7 +256,7 @@ def stop_on_signals(server: ModelServer, wake: threading.Event | None = None):
 
 
 def follow_active_version(model: str, active: Callable[[], ServeSpec | None], *,
-                          redis_url: str, drain_timeout: float = 30.0,
+                          redis_url: str, drain_timeout: float | None = None,
                           poll_interval: float = 2.0, stop: threading.Event | None = None) -> int:
     """Serve ``model``'s active version over Redis, following activations, until SIGTERM.
 

@@ -36,6 +36,9 @@ LONG_TOKENS = 1500
 SHORT_TOKENS = 24
 SETTINGS = {**TINY_SETTINGS, "max_model_len": CONTEXT, "num_kv_blocks": 512}
 SWITCH_TIMEOUT_S = 180
+# The first requests' drain (pagoda.yaml's serving.drain_timeout_s, 30 s by default) must outlast
+# them on a loaded CI machine: both modes take it from the deployment's settings.
+DRAIN_TIMEOUT_S = "150"
 
 
 def tiny_llama(directory, seed: int):
@@ -81,6 +84,7 @@ def references(checkpoints):
 def site(request, tmp_path_factory, checkpoints):
     mode = request.param
     extra = {"REDIS_URL": request.getfixturevalue("redis_server")} if mode == "redis" else {}
+    extra["PAGODA_DRAIN_TIMEOUT"] = DRAIN_TIMEOUT_S
     site = make_site(tmp_path_factory.mktemp(f"switch_{mode}"), extra)
     site.mode = mode
     site.manage("register_model", MODEL, str(checkpoints["1"]), "--engine-settings", json.dumps(SETTINGS))
@@ -93,7 +97,7 @@ def site(request, tmp_path_factory, checkpoints):
     site.key = site.create_key("switch")
     if mode == "redis":
         site.worker = site.spawn("worker", [sys.executable, "manage.py", "run_engine_worker", "--model", MODEL,
-                                            "--drain-timeout", "60", "--poll-interval", "0.5"])
+                                            "--poll-interval", "0.5"])
         site.start_daphne()
     else:
         site.start_daphne({"PAGODA_EMBEDDED_WORKERS": "1"})

@@ -123,6 +123,25 @@ async def test_the_worker_scopes_the_prefix_cache_to_the_requests_tenant(client)
     assert shared == [0, 16]  # the first block is marked shared; the second stays each tenant's
 
 
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_an_embedded_worker_drains_by_the_deployments_drain_timeout(tiny_llama_dir, tiny_settings, monkeypatch):
+    """An activation's hand-over (and a console deactivation) drains an embedded worker by
+    serving.drain_timeout_s, as a worker process does: it used to be a fixed 30 s."""
+    monkeypatch.setenv("PAGODA_DRAIN_TIMEOUT", "0")
+    model = "tiny-drain"
+    embedded.start_embedded_worker(model, "v1", str(tiny_llama_dir), tiny_settings)
+    assert embedded.wait_for_embedded_worker(model, timeout=60)
+    chunks = []
+    async for chunk in MemoryEngineClient(default_broker()).generate(request(PROMPT, greedy(240), model=model)):
+        if not chunks:
+            assert embedded.stop_embedded_worker(model)  # the model's active version went away
+        chunks.append(chunk)
+
+    assert chunks[-1].error is not None and chunks[-1].error.code == "worker_lost"
+    assert sum(len(c.token_ids) for c in chunks) < 240  # cut at once, not given 30 s to finish
+
+
 def test_starting_the_same_version_again_keeps_the_running_worker(client, tiny_llama_dir, tiny_settings):
     before = [w.worker_id for w in client.live_workers(MODEL)]
 

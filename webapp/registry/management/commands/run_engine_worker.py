@@ -23,7 +23,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--model", required=True, help="model slug")
         parser.add_argument("--redis-url", default=None, help="default: REDIS_URL")
-        parser.add_argument("--drain-timeout", type=float, default=30.0)
+        parser.add_argument("--drain-timeout", type=float, default=None,
+                            help="seconds running requests get to finish at a hand-over or shutdown "
+                                 "(default: serving.drain_timeout_s, PAGODA_DRAIN_TIMEOUT)")
         parser.add_argument("--poll-interval", type=float, default=2.0,
                             help="seconds between checks of the model's active version")
 
