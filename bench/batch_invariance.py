@@ -23,7 +23,6 @@ import argparse
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -33,19 +32,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine import LLM, SamplingParams  # noqa: E402
+from bench.machine import cpu_line  # noqa: E402
 from bench.prefill import document_tokens, prefill_pagoda  # noqa: E402
 
 QUESTIONS = ["Say hello.", "Name three rivers.", "Explain a prefix cache in a sentence.",
              "Write a haiku about tides.", "What is 17 times 3?", "Give me a packing list for a hike.",
              "Why is the sky blue?", "Summarise the plot of Hamlet."]
-
-
-def cpu_line() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), [])
-    wanted = [f for f in flags if f in ("avx2", "fma", "f16c", "avx_vnni") or f.startswith(("avx512", "amx"))]
-    return f"{model}; {os.cpu_count()} CPUs; {' '.join(wanted) or 'no avx2/avx512/amx'}"
 
 
 def one_stream(llm: LLM, max_tokens: int) -> tuple[float, list[int]]:

@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.linear_kernels import cpu_facts  # noqa: E402
+from bench.machine import cpu_line  # noqa: E402
 from engine.kernels.cpu import qmatmul  # noqa: E402
 from engine.quantization.int8 import quantize_int8  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     if qmatmul.library() is None:
         sys.exit("the native kernel is not available here (no C compiler, no AVX2/FMA/F16C, or "
                  "PAGODA_NATIVE_KERNELS=0)")
-    print(f"{cpu_facts()}; native kernel path: {qmatmul.isa()}")
+    print(f"{cpu_line()}; {torch.get_num_threads()} threads; native kernel path: {qmatmul.isa()}")
     layers = _layers(args.layers)
     gen = torch.Generator().manual_seed(1)
     head = (torch.randn(49152, 576, generator=gen) * 0.05).bfloat16()

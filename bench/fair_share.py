@@ -32,8 +32,6 @@ import json
 import os
 import shutil
 import sqlite3
-import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.machine import cpu_line  # noqa: E402
 from serve import percentile, read_events  # noqa: E402
 from serve_compare import PY, ROOT, Services, free_port, manage, prepare_workdir  # noqa: E402
 
@@ -170,14 +169,6 @@ def run_mode(args, mode: str, root: Path, env: dict, keys: dict[str, str]) -> di
 
 def ms(values: list[float], q: float) -> str:
     return f"{1000 * percentile(values, q):8.0f}" if values else "       -"
-
-
-def cpu_line() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), [])
-    wanted = [f for f in flags if f == "avx2" or f.startswith(("avx512", "amx"))]
-    return f"{model}; {os.cpu_count()} CPUs; {' '.join(wanted) or 'no avx2/avx512/amx'}"
 
 
 def main() -> int:

@@ -9,10 +9,8 @@ side, with transformers fp32 batch 64 as the offline reference; runs alternate, 
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -21,6 +19,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_line, load_line  # noqa: E402
 from bench.throughput import load_prompts, run_pagoda, run_transformers  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.kernels.cpu.cpu_info import describe  # noqa: E402
@@ -47,10 +46,8 @@ def main() -> int:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     args = ap.parse_args()
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), "?")
-    print(f"# CPU: {model}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# CPU: {cpu_line()}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
+          f"{load_line()}")
     llms = {CONFIGS[key][0]: LLM("smollm2", max_model_len=2048, **CONFIGS[key][1])
             for key in args.configs.split(",")}
     first = next(iter(llms.values()))
@@ -77,7 +74,7 @@ def main() -> int:
                 hf, prompts, args.max_tokens, first.tokenizer.pad_token_id or 0))
             print(f"  offline, transformers fp32: {offline['transformers fp32'][-1]:.1f} tok/s", flush=True)
     base = statistics.median(offline["transformers fp32"]) if hf else None
-    print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# {load_line()}")
     print(f"\n{'system':<24}{'batch-1 tok/s':>14}{'offline ' + str(len(prompts)) + ' tok/s':>18}"
           f"{'vs transformers':>16}   runs: {args.repeats}, {args.max_tokens} tokens a request")
     for name in offline:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -31,6 +29,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_line  # noqa: E402
 from engine.quantization.int4 import Int4WeightOnlyLinear, check_int4_shape  # noqa: E402
 from engine.quantization.int8 import Int8WeightOnlyLinear  # noqa: E402
 
@@ -38,18 +37,6 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 576, 9, 3, 64, 1536, 3
 LAYER_SHAPES = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM),
                 (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # [out, in]
 LM_HEAD = (VOCAB, HIDDEN)
-
-
-def cpu_facts() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags")), [])
-    wanted = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
-                                        "amx_bf16", "amx_int8", "amx_tile", "avx512_fp16")]
-    return f"{model}; {torch.get_num_threads()} threads; flags: {' '.join(wanted) or 'none of note'}"
 
 
 def make_variant(kind: str, out_features: int, in_features: int):
@@ -142,7 +129,7 @@ def smollm2(repeats: int, max_new_tokens: int = 64) -> None:
                     elapsed = time_once(lambda: [m(x) for m, x in zip(mods, xs)])
                     if rep:  # the first round is warm-up
                         times[kind, r].append(elapsed)
-    print(f"# CPU: {cpu_facts()}; torch {torch.__version__}; median of {repeats}")
+    print(f"# CPU: {cpu_line()}; {torch.get_num_threads()} threads; torch {torch.__version__}; median of {repeats}")
     print(f"\nSmolLM2 30 layers x 7 projections (unfused, as transformers holds them), ms")
     for kind in variants:
         print(f"{kind:>30} " + " ".join(
@@ -207,7 +194,7 @@ def main() -> None:
     def ms(samples):
         return f"{statistics.median(samples) * 1e3:8.2f}" if samples else "     n/a"
 
-    print(f"# CPU: {cpu_facts()}; torch {torch.__version__}; median of {args.repeats}")
+    print(f"# CPU: {cpu_line()}; {torch.get_num_threads()} threads; torch {torch.__version__}; median of {args.repeats}")
     for title, table in (("30 layers x 4 projections (one decode step), ms", step_times),
                          (f"LM head {LM_HEAD[0]}x{LM_HEAD[1]}, ms", head_times)):
         print(f"\n{title}\n{'rows':>5} " + " ".join(f"{k:>9}" for k in kinds))

@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_line  # noqa: E402
 from engine import LLM, LoRARequest, SamplingParams  # noqa: E402
 from engine.kernels.cpu.cpu_info import describe  # noqa: E402
 from engine.lora.peft_adapter import targets  # noqa: E402
@@ -87,13 +87,11 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     args = ap.parse_args()
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), "?")
     plain, llm = (LLM(args.model, max_model_len=512, max_num_seqs=args.batch, max_lora_rank=args.rank)
                   for _ in range(2))
     runner = llm.engine.runner
     print(f"# {args.model}: dtype {runner.dtype}, fused CPU decode step {'on' if runner.fused_decode else 'off'}; "
-          f"CPU: {model}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}")
+          f"CPU: {cpu_line()}; {describe()}; {torch.get_num_threads()} threads; torch {torch.__version__}")
     b = args.batch
     with tempfile.TemporaryDirectory() as tmp:
         loras = [LoRARequest(f"a{i}", write_adapter(pathlib.Path(tmp) / f"a{i}", runner.model_config,

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.machine import cpu_line  # noqa: E402
 from serve_compare import PY, ROOT, Services, free_port, prepare_workdir  # noqa: E402
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -129,15 +130,6 @@ def run_client(url: str, key: str, concurrency: int, requests: int, max_tokens: 
     return figures
 
 
-def cpu_description() -> str:
-    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = re.search(r"Model name:\s+(.*)", text)
-    flags = re.search(r"Flags:\s+(.*)", text)
-    wanted = [f for f in (flags.group(1).split() if flags else [])
-              if f.startswith(("avx512", "amx", "avx2", "avx_vnni", "fma"))]
-    return f"{model.group(1).strip() if model else '?'}, {os.cpu_count()} CPUs; flags {' '.join(wanted)}"
-
-
 def _median(values: list[float]) -> float:
     """Median of the runs that succeeded (NaN when none did)."""
     ok = [v for v in values if v == v]
@@ -172,7 +164,7 @@ def main() -> int:
     slug, endpoint = ("peer-model", "completions") if args.model else ("smollm2", "chat")
     binary = llama_server_binary()
     root, env, key = prepare_workdir("pagoda-peers-", (slug, gguf) if args.model else None)
-    print(f"{cpu_description()}\n{gguf.name} ({endpoint}); {args.max_tokens} tokens per request; "
+    print(f"{cpu_line()}\n{gguf.name} ({endpoint}); {args.max_tokens} tokens per request; "
           f"llama.cpp {binary.parent.parent.name}; workdir {root}", flush=True)
 
     with Services(root, env) as services:

@@ -31,11 +31,13 @@ import os
 import selectors
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.machine import cpu_line  # noqa: E402
 
 SHED_STATUSES = (429, 503)
 
@@ -188,18 +190,6 @@ def table(f: dict) -> str:
         f"  admitted     p50 {f['admitted_p50']:7.3f} s   p99 {f['admitted_p99']:7.3f} s   max {f['admitted_max']:7.3f} s"
         "  (to the stream's last byte)",
     ])
-
-
-def cpu_line() -> str:
-    """lscpu's model name and the vector-extension flags that decide the engine's kernels."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "lscpu not available"
-    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), [])
-    vector = [f for f in flags if f == "avx2" or f.startswith(("avx512", "amx"))]
-    return f"{model}; {os.cpu_count()} CPUs; {' '.join(vector)}"
 
 
 def main() -> int:

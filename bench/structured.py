@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.machine import cpu_line  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 
@@ -52,8 +52,7 @@ def main() -> None:
     llm = LLM(args.model, max_model_len=512, num_kv_blocks=(max(args.streams) * 8) + 8)
     run(llm, 1, 8, True)  # warm-up: kernels, and llguidance's tokenizer
     run(llm, 1, 8, False)
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout
-    print(f"{args.model}, {args.tokens} tokens per stream, median of {args.repeats}; {cpu.split(':')[-1].strip()}")
+    print(f"{args.model}, {args.tokens} tokens per stream, median of {args.repeats}; {cpu_line()}")
     print(f"{'streams':>7} {'free tok/s':>11} {'schema tok/s':>13} {'ratio':>6}")
     for streams in args.streams:
         rates = {}

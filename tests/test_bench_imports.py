@@ -1,6 +1,7 @@
-"""Every name a bench script imports from the engine or the workers exists: the scripts run by
-hand, never under pytest, so a moved module (engine.cpu_info after the engine's regrouping)
-would otherwise break `make bench` unnoticed."""
+"""Every name a bench script imports from the engine, the workers or another bench script exists:
+the scripts run by hand, never under pytest, so a moved module (engine.cpu_info after the
+engine's regrouping, a bench helper moved to bench/machine.py) would otherwise break `make bench`
+unnoticed."""
 
 import ast
 import importlib
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-CHECKED = ("engine", "workers")
+CHECKED = ("engine", "workers", "bench")
 
 
 def _imports(script: Path) -> list[tuple[str, str]]:
