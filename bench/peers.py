@@ -14,8 +14,17 @@ without a chat template),
 the server's resident memory) and the Pagoda/llama.cpp ratios, with the load average and the
 CPU's model and flags. The machine is shared and noisy: only ratios from one run mean anything.
 
+Long prompts (``--long``, default 512, 2,048 and 6,000 tokens; ``--long ''`` skips them): the
+time to the first (and only) token of one text completion whose prompt is that many tokens of a
+document (bench/prefill.py's keeper's log, tokenized by llama.cpp's own /tokenize so both servers
+read the same ids), alternated between the servers ``--repeats`` times. Each repeat starts the
+document at another token, so neither server's prefix cache holds any of it (Pagoda's answer
+says how many tokens it found cached: 0). llama.cpp splits ``-c`` between its 32 slots (512
+tokens each), so the long prompts go to a second llama-server with one slot of 8,192 tokens,
+the model's context, started beside the first. This is the guard on the prefill path.
+
     .venv/bin/python bench/peers.py [--model PATH.gguf] [--repeats 2] [--max-tokens 128]
-        [--requests-1 4] [--requests-32 32] [--streams 1,32]
+        [--requests-1 4] [--requests-32 32] [--streams 1,32] [--long 512,2048,6000]
 """
 
 from __future__ import annotations
@@ -34,12 +43,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.machine import cpu_line  # noqa: E402
+import httpx  # noqa: E402
+
+from bench.machine import cpu_line, load_line  # noqa: E402
+from bench.prefill import document_text  # noqa: E402
 from serve_compare import PY, ROOT, Services, free_port, prepare_workdir  # noqa: E402
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF"]
+LONG_CONTEXT = 8192  # the long-prompt llama-server's one slot (SmolLM2's and Gemma 3 270M's context)
 FIGURES = (("tok/s", r"output tokens/s\s+([0-9.]+)"),
            ("TTFT p50 ms", r"TTFT p50 \(ms\)\s+([0-9.]+)"),
            ("inter-token p50 ms", r"inter-token latency p50 \(ms\)\s+([0-9.]+)"))
@@ -130,6 +143,46 @@ def run_client(url: str, key: str, concurrency: int, requests: int, max_tokens: 
     return figures
 
 
+def tokenize(llama_url: str, text: str) -> list[int]:
+    """``text``'s ids in the GGUF's vocabulary, as llama.cpp's server reads them (no BOS)."""
+    response = httpx.post(f"{llama_url}/tokenize", json={"content": text, "add_special": False}, timeout=120)
+    response.raise_for_status()
+    return response.json()["tokens"]
+
+
+def first_token_seconds(url: str, key: str, model: str, ids: list[int]) -> tuple[float, int, int]:
+    """(seconds for a one-token completion of ``ids``, prompt tokens, cached prompt tokens)."""
+    start = time.perf_counter()
+    response = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0},
+                          timeout=600)
+    seconds = time.perf_counter() - start
+    response.raise_for_status()
+    usage = response.json()["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return seconds, usage["prompt_tokens"], cached
+
+
+def long_prompts(servers: dict, lengths: list[int], repeats: int, model: str, document: list[int]) -> None:
+    """Time to first token at each prompt length, alternated between the servers; medians and ratios."""
+    seconds: dict[tuple[str, int], list[float]] = {}
+    for repeat in range(repeats):
+        for i, n in enumerate(lengths):
+            offset = 101 * (repeat * len(lengths) + i)  # another first token each time: nothing cached
+            ids = document[offset:offset + n]
+            for name, (url, server_key) in servers.items():
+                load = os.getloadavg()[0]
+                took, prompt_tokens, cached = first_token_seconds(url, server_key, model, ids)
+                seconds.setdefault((name, n), []).append(took)
+                print(f"[{repeat + 1}/{repeats}] {name:<9} {n:>5} prompt tokens: {took:6.2f} s to the first "
+                      f"token ({prompt_tokens} read, {cached} cached; load {load:.1f})", flush=True)
+    print(f"\ntime to first token, median of {repeats} alternated runs")
+    print(f"{'prompt tokens':>13}{'pagoda s':>10}{'llama.cpp s':>13}{'ratio P/L':>11}")
+    for n in lengths:
+        ours, theirs = (statistics.median(seconds[(name, n)]) for name in servers)
+        print(f"{n:>13}{ours:>10.2f}{theirs:>13.2f}{ours / theirs:>11.2f}")
+
+
 def _median(values: list[float]) -> float:
     """Median of the runs that succeeded (NaN when none did)."""
     ok = [v for v in values if v == v]
@@ -146,13 +199,21 @@ def main() -> int:
     ap.add_argument("--requests-1", type=int, default=4, help="requests of the single stream")
     ap.add_argument("--requests-32", type=int, default=32, help="requests of the 32 streams")
     ap.add_argument("--streams", default="1,32",
-                    help="which of the two workloads to run, comma-separated: 1, 32 or both")
+                    help="which of the two workloads to run, comma-separated: 1, 32 or both ('' for none)")
+    ap.add_argument("--long", default="512,2048,6000",
+                    help=f"long-prompt lengths, comma-separated, each below {LONG_CONTEXT} ('' for none)")
     args = ap.parse_args()
     try:
-        streams = sorted({int(n) for n in args.streams.split(",")})
+        lengths = [int(n) for n in args.long.split(",") if n.strip()]
     except ValueError:
-        streams = []
-    if not streams or not set(streams) <= {1, 32}:
+        lengths = [0]
+    if not all(0 < n < LONG_CONTEXT for n in lengths):
+        ap.error(f"--long must list prompt lengths between 1 and {LONG_CONTEXT - 1}, not {args.long!r}")
+    try:
+        streams = sorted({int(n) for n in args.streams.split(",") if n.strip()})
+    except ValueError:
+        streams = [0]
+    if not set(streams) <= {1, 32} or not (streams or lengths):
         ap.error(f"--streams must list 1 and/or 32, not {args.streams!r}")
     if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
         ap.error("every count must be positive")
@@ -180,6 +241,11 @@ def main() -> int:
                         "PAGODA_ENGINE_MAX_NUM_SEQS": "32"})
         servers = {"pagoda": (f"http://127.0.0.1:{pagoda_port}", key, services.procs[1].pid),
                    "llama.cpp": (f"http://127.0.0.1:{llama_port}", "none", services.procs[0].pid)}
+        if lengths:  # one slot of the model's context for the long prompts (see the docstring)
+            long_port = free_port()
+            services.spawn("llama-server-long", [str(binary), "-m", str(gguf), "-np", "1", "-c", str(LONG_CONTEXT),
+                                                 "-t", "2", "--host", "127.0.0.1", "--port", str(long_port)])
+            wait_http(f"http://127.0.0.1:{long_port}/health", services)
         wait_http(f"http://127.0.0.1:{llama_port}/health", services)
         wait_http(f"http://127.0.0.1:{pagoda_port}/readyz", services)
         idle = {name: rss_mib(pid) for name, (_, _, pid) in servers.items()}
@@ -196,7 +262,15 @@ def main() -> int:
                     print(f"[{repeat}/{args.repeats}] {name:<9} x{concurrency:<2} "
                           + "  ".join(f"{k} {v:.1f}" for k, v in figures.items())
                           + f"  (load {load:.1f})", flush=True)
+        if lengths:
+            long_url = f"http://127.0.0.1:{long_port}"
+            document = tokenize(long_url, document_text())
+            long_prompts({"pagoda": servers["pagoda"][:2], "llama.cpp": (long_url, "none")}, lengths,
+                         args.repeats, slug, document)
 
+    if not streams:
+        shutil.rmtree(root, ignore_errors=True)
+        return 0
     print(f"\nmedians of {args.repeats} alternated runs; idle RSS: "
           + ", ".join(f"{n} {v:.0f} MiB" for n, v in idle.items()))
     names = [name for name, _ in FIGURES] + ["RSS MiB"]
@@ -208,7 +282,7 @@ def main() -> int:
             print(f"{server + ' x' + str(concurrency):<14}" + "".join(f"{med[server][n]:>20.1f}" for n in names))
         print(f"{'ratio P/L x' + str(concurrency):<14}"
               + "".join(f"{med['pagoda'][n] / med['llama.cpp'][n]:>20.2f}" for n in names))
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"at the end: {load_line()}")
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

@@ -25,10 +25,14 @@ sys.path.insert(0, str(ROOT))
 from engine import LLM, SamplingParams  # noqa: E402
 
 
+def document_text() -> str:
+    """A keeper's log of 4,000 numbered lines (about 100,000 tokens): the chat page's attach case."""
+    return "\n".join(f"Line {i}: the keeper's log says the tide rose {i % 7} feet at dawn and the lamp "
+                     f"burned {i % 13} hours." for i in range(4000))
+
+
 def document_tokens(tokenizer, n: int) -> list[int]:
-    lines = [f"Line {i}: the keeper's log says the tide rose {i % 7} feet at dawn and the lamp "
-             f"burned {i % 13} hours." for i in range(4000)]
-    ids = tokenizer.encode("\n".join(lines))
+    ids = tokenizer.encode(document_text())
     if len(ids) < n:
         raise SystemExit(f"the document has only {len(ids)} tokens")
     return ids[:n]
