@@ -35,7 +35,8 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from engine.scheduling.block_manager import BlockManager  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.runtime.model_runner import ModelRunner, resolve_dtype  # noqa: E402
+from engine.runtime.device import resolve_dtype  # noqa: E402
+from engine.runtime.model_runner import ModelRunner  # noqa: E402
 from engine.models.model_config import ModelConfig  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.scheduling.scheduler import Scheduler  # noqa: E402

@@ -31,7 +31,7 @@ from engine.models.loader import load_weights
 from engine.models.pooling import pool
 from engine.models.registry import ENCODER_FAMILIES, model_class, resolve_model_path
 from engine.outputs import REQUEST_FAILED, FinishReason, RequestMetrics, RequestOutput
-from engine.runtime.model_runner import resolve_device, resolve_dtype
+from engine.runtime.device import resolve_device, resolve_dtype
 from engine.stats import EngineStats
 from engine.text.tokenizer import load_tokenizer
 

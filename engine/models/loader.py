@@ -190,3 +190,22 @@ def weights_for(source, plan: dict[str, tuple], model: nn.Module):
     keep = frozenset(n for layer, layout in plan.items() for n in _checkpoint_names(model, layer)
                      if native.get(n) == layout)
     return source.iterate(keep)
+
+
+@torch.no_grad()
+def init_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """N(0, 0.02) everywhere except the norms' scales (1): a trained model's magnitudes."""
+    generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=generator)
+
+
+def with_progress(weights, progress, total: int = 0):
+    """``weights`` unchanged, calling ``progress(i, total)`` after the i-th (a console's load bar)."""
+    for i, item in enumerate(weights, 1):
+        yield item
+        if progress is not None:
+            progress(i, total)

@@ -12,6 +12,7 @@ from engine.kernels.cpu import cpu_info
 from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_dtype,
                            resolve_quantization, resolve_use_triton)
 from engine.runtime.cuda_graphs import CudaGraphRunner
+from engine.runtime.device import default_dtype, resolve_device, resolve_dtype
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
@@ -26,7 +27,8 @@ from engine.layers.attention import Workspace
 from engine.lora.runtime import LoRARuntime
 from engine.sampling.sampler import Sampler
 from engine.models.fused_decode import FusedDecode
-from engine.models.loader import apply_layouts, load_weights, plan_layouts, weights_for
+from engine.models.loader import (apply_layouts, init_random_weights, load_weights, plan_layouts,
+                                  weights_for, with_progress)
 from engine.models.model_config import ModelConfig
 from engine.models.registry import model_class
 from engine.outputs import TokenLogprob
@@ -35,32 +37,11 @@ from engine.scheduling.scheduler import ScheduledSequence
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
 @dataclass
 class SampledToken:
     entry: ScheduledSequence
     token_id: int
     logprob: TokenLogprob | None
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on CUDA and on CPUs that multiply bf16 natively (logged), else float32."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16
-    dtype = torch.bfloat16 if cpu_info.has_fast_bf16() else torch.float32
-    logger.info("dtype auto on CPU: %s (%s; bf16 needs one of %s)", str(dtype).removeprefix("torch."),
-                cpu_info.describe(), "/".join(cpu_info.FAST_BF16_FLAGS))
-    return dtype
 
 
 class ModelRunner:
@@ -101,7 +82,7 @@ class ModelRunner:
                              activation_dtype=str(self.dtype).removeprefix("torch."),
                              use_triton=self.use_triton,
                              compute_capability=lambda: torch.cuda.get_device_capability(self.device))
-        with torch.device(self.device), _default_dtype(self.dtype), parallel_state.building(
+        with torch.device(self.device), default_dtype(self.dtype), parallel_state.building(
                 self.tp_group):
             self.model = model_class(model_config.architecture)(model_config, use_triton=self.use_triton)
         self.model.eval()
@@ -114,14 +95,14 @@ class ModelRunner:
             quantized=bool(self.quantization_plan), use_triton=self.use_triton)
         dense_rows = self._dense_rows()
         if weights is None:
-            _init_random_weights(self.model, config.seed)
+            init_random_weights(self.model, config.seed)
             apply_layouts(self.model, self.quantization_plan, self.dtype, keep_values=True,
                           dense_rows=dense_rows)
         else:
             apply_layouts(self.model, self.quantization_plan, self.dtype, dense_rows=dense_rows)
-            load_weights(self.model, _with_progress(weights_for(weights, self.quantization_plan,
-                                                                self.model), progress,
-                                                 len(weights) if hasattr(weights, "__len__") else 0))
+            load_weights(self.model, with_progress(weights_for(weights, self.quantization_plan,
+                                                               self.model), progress,
+                                                len(weights) if hasattr(weights, "__len__") else 0))
         # the int8 vocabulary projection for small steps where anything is quantized (bf16 only)
         self.model.lm_head.prepare(int8_small_rows=quantization not in (None, "none") and (
             bool(self.quantization_plan) or quantization != "auto" or any(
@@ -411,33 +392,3 @@ class ModelRunner:
             top = [(int(t), lp) for t, lp in zip(r[2:2 + n], r[2 + k:2 + k + n])]
             result.append(TokenLogprob(token_id=int(r[0]), logprob=r[1], top=top))
         return token_ids, result
-
-
-class _default_dtype:
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
-
-    def __enter__(self):
-        self.previous = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self.previous)
-
-
-@torch.no_grad()
-def _init_random_weights(model: torch.nn.Module, seed: int) -> None:
-    """N(0, 0.02) everywhere except the norms' scales (1): a trained model's magnitudes."""
-    generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, 0.02, generator=generator)
-
-
-def _with_progress(weights, progress, total: int = 0):
-    for i, item in enumerate(weights, 1):
-        yield item
-        if progress is not None:
-            progress(i, total)
