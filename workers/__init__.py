@@ -2,7 +2,9 @@
 
 protocol.py         the messages (imports no engine: the web process reads it)
 transport.py        the transport interfaces: EngineClient (web side), WorkerTransport (worker side)
-redis_transport.py / memory_transport.py   their implementations: Redis streams, in-process broker
+redis_transport.py  Redis streams (distributed mode): the design, the shared names, the web side's client
+redis_worker_transport.py  ... and the worker side
+memory_transport.py the in-process broker (embedded mode), both sides
 connect.py          get_engine_client(redis_url) / worker_transport(...): picks one from the caller's URL
 engine_worker.py    EngineWorker, the engine loop serving one version over a WorkerTransport
 embedding_worker.py EmbeddingWorker, the same loop over an embedding model (engine/embedding_engine.py)

@@ -65,7 +65,7 @@ def worker_transport(redis_url: str | None, model: str) -> WorkerTransport:
         return MemoryWorkerTransport(default_broker(), model, new_worker_id())
     import redis
 
-    from workers.redis_transport import RedisWorkerTransport
+    from workers.redis_worker_transport import RedisWorkerTransport
     try:
         return RedisWorkerTransport(redis_url, model, new_worker_id())
     except redis.RedisError as exc:

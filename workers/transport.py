@@ -2,9 +2,9 @@
 
 One client logic for every transport; each implementation supplies the few primitives below
 (submit, read replies, heartbeats, abort) and a worker side that the engine loop drives.
-Implementations live beside this file: redis_transport.py (Redis streams, distributed mode) and
-memory_transport.py (an in-process broker, embedded mode); workers/connect.py picks one from the
-configuration its caller passes in. This module imports neither of them, nor the engine.
+Implementations live beside this file: redis_transport.py and redis_worker_transport.py (Redis
+streams, distributed mode) and memory_transport.py (an in-process broker, embedded mode);
+workers/connect.py picks one from the configuration its caller passes in. This module imports neither of them, nor the engine.
 """
 
 from __future__ import annotations

@@ -198,7 +198,8 @@ async def test_a_request_taken_by_a_worker_that_died_before_answering_gets_worke
     import redis
 
     from workers.protocol import WorkerInfo
-    from workers.redis_transport import RedisWorkerTransport, worker_key
+    from workers.redis_transport import worker_key
+    from workers.redis_worker_transport import RedisWorkerTransport
 
     ghost = RedisWorkerTransport(redis_server, "ghost-model", "ghost-1")
     ghost.heartbeat(WorkerInfo("ghost-1", "ghost-model", "v", "host", 1, time.time(), time.time(),

@@ -14,7 +14,8 @@ import uuid
 
 from workers.memory_transport import MemoryBroker, MemoryEngineClient, MemoryWorkerTransport
 from workers.protocol import WORKER_LOST, Chunk, ErrorInfo, GenerateRequest, Reply, WorkerInfo
-from workers.redis_transport import RedisEngineClient, RedisWorkerTransport, reply_stream, usage_key
+from workers.redis_transport import RedisEngineClient, reply_stream, usage_key
+from workers.redis_worker_transport import RedisWorkerTransport
 
 
 def chunk(request_id: str, num_output_tokens: int, *, finished: bool = False) -> Chunk:
