@@ -8,6 +8,14 @@ profiled steps (calls per step and self CPU ms per step, the top rows by time an
 ``--split`` also times the parts of each step: the fused decode (or the model's forward), the
 vocabulary projection and the sampler, medians in ms; the rest is scheduling, inputs and outputs.
 The CPU's flags (and a PAGODA_MAX_CPU_ISA cap) are printed first.
+
+The step is set beside its memory floor: the bytes of the model's tensors a decode step reads
+whole (every weight, the int8 vocabulary table; not the rotary table, read a row a position),
+and the time this process takes to read that many bytes once, STREAM-like (a sum over one buffer
+of that size with torch's threads, the median of 30 after 3 warm-ups, right after the decode
+steps, beside the loaded model), so "1.5x the floor" says how far one stream is from
+bandwidth-bound. A large shared L3 (300 MiB on this project's Xeon) makes the floor noisy: the
+same 92 MiB read took 2.2 ms in a process without the model, 2.4-5.3 ms beside it, run to run.
 """
 
 from __future__ import annotations
@@ -23,7 +31,40 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
+from bench.machine import cpu_line  # noqa: E402
 from engine.kernels.cpu import cpu_info  # noqa: E402
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's tensors (parameters, buffers and plain tensor attributes, each storage
+    once) that a decode step reads whole: all but the rotary tables."""
+    storages: dict[int, int] = {}
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        if "cos_sin" not in name and tensor.device.type == "cpu":
+            storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        add(name, tensor)
+    for module_name, module in model.named_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                add(f"{module_name}.{name}", value)
+    return sum(storages.values())
+
+
+def read_seconds(nbytes: int, repeats: int = 30) -> float:
+    """Median seconds to read ``nbytes`` once: a sum over one buffer of that size (torch's threads;
+    per-tensor sums measured torch's per-call cost instead: ~300 small tensors)."""
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+    for _ in range(3):
+        buffer.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 class _Split:
@@ -100,7 +141,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
     parser.add_argument("--split", action="store_true", help="time the step's parts too")
     args = parser.parse_args()
-    print(f"CPU: {cpu_info.describe()}")
+    print(f"CPU: {cpu_line()}\nkernels: {cpu_info.describe()}")
     settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization),
                                   ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None}
     llm = LLM(args.model, **settings)
@@ -109,6 +150,10 @@ def main() -> None:
     times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch, split=split)
     print(f"decode, batch {args.batch}{f' at {args.context} tokens' if args.context else ''}: median {statistics.median(times) * 1e3:.1f} ms/step over {len(times)} steps "
           f"(min {min(times) * 1e3:.1f}), torch threads {torch.get_num_threads()}")
+    nbytes = weight_bytes(llm.engine.runner.model)
+    floor = read_seconds(nbytes)
+    print(f"memory floor: {nbytes / 2**20:.1f} MiB read whole a step, read once in {floor * 1e3:.2f} ms "
+          f"({nbytes / floor / 1e9:.1f} GB/s); the step is {statistics.median(times) / floor:.2f}x the floor")
     if split:
         print(f"parts (median per call): {split.report(len(times))}")
     if args.profile_steps <= 0:
