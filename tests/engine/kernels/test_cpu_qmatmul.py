@@ -125,6 +125,7 @@ def test_pack_keeps_every_weight_and_larger_groups_share_their_scale(group):
     torch.testing.assert_close(dequantized, reference, rtol=0, atol=2e-3 * reference.abs().max().item())
 
 
+@pytest.mark.slow  # compiles a second build of the native library: 10 s with a cold kernel cache
 def test_the_avx2_build_agrees_bit_for_bit_with_this_machines():
     avx2 = build.load(("-mavx2", "-mfma", "-mf16c"))
     if avx2 is None:
