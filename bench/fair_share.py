@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -93,6 +94,16 @@ async def flood_stream(http, url: str, key: str, index: int, max_tokens: int, st
             failures.append(str(exc)[:120])
             await asyncio.sleep(1.0)
         i += 1
+
+
+def failure_kinds(failures: list[str]) -> str:
+    """``HTTP 503 server_overloaded x 9,000, HTTP 429 ... x 12``: what refused the requests, most first."""
+    kinds: dict[str, int] = {}
+    for failure in failures:
+        code = re.search(r'"code":\s*"([a-z_]+)"', failure)
+        kind = failure.split(":", 1)[0] + (f" {code.group(1)}" if code else "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return ", ".join(f"{kind} x {n:,}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def tokens_in(streams: list[Stream], start: float, end: float) -> float:
@@ -202,7 +213,8 @@ def main() -> int:
         results[mode] = r = run_mode(args, mode, root, env, keys)
         print(f"fair_share {mode}: {len(r['loaded'])} B requests under the flood, {r['flood_requests']} flood "
               f"requests; refused or failed: B {len(r['b_failures'])}, flood {len(r['a_failures'])}"
-              f"{' (' + r['b_failures'][0] + ')' if r['b_failures'] else ''}; load average "
+              f"{' (' + failure_kinds(r['a_failures']) + ')' if r['a_failures'] else ''}"
+              f"{'; B: ' + failure_kinds(r['b_failures']) if r['b_failures'] else ''}; load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\nCPU: {cpu_line()}")
