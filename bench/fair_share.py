@@ -3,7 +3,8 @@
 Starts Pagoda's embedded server as ``make run`` does (Daphne with the engine worker in the web
 process, the bundled SmolLM2, a temporary folder with its own SQLite database) on 127.0.0.1, with
 two users and an API key each, once per mode (``--modes off,on``: the engine setting fair_share,
-through PAGODA_ENGINE_FAIR_SHARE). On each server:
+through PAGODA_ENGINE_FAIR_SHARE; ``on@16`` also caps a step's decodes at 16,
+max_num_decodes_per_step). On each server:
 
 1. idle: user B sends ``--probes`` short requests one at a time: B's time to first token (TTFT);
 2. user A floods: ``--flood`` streams, each sending its next request (``--flood-tokens`` tokens,
@@ -169,8 +170,11 @@ def run_mode(args, mode: str, root: Path, env: dict, keys: dict[str, str]) -> di
     url = f"http://127.0.0.1:{port}"
     # A deadline past any wait here: what is measured is how long B waits, not the default 30 s
     # queue deadline refusing it (which first come, first served reaches under this flood).
-    extra = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_FAIR_SHARE": "true" if mode == "on" else "false",
+    fair, _, cap = mode.partition("@")
+    extra = {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_FAIR_SHARE": "true" if fair == "on" else "false",
              "PAGODA_QUEUE_TIMEOUT_S": "600"}
+    if cap:  # the engine's max_num_decodes_per_step for this mode (0: no cap)
+        extra["PAGODA_ENGINE_MAX_NUM_DECODES_PER_STEP"] = cap
     with Services(root, env) as services:
         services.spawn(f"daphne-{mode}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                           "webapp.config.asgi:application"], extra)
@@ -184,7 +188,8 @@ def ms(values: list[float], q: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="off,on", help="fair_share off and/or on, in this order")
+    ap.add_argument("--modes", default="off,on",
+                    help="fair_share off and/or on, in this order; on@N also sets max_num_decodes_per_step N")
     ap.add_argument("--flood", type=int, default=200, help="user A's concurrent streams")
     ap.add_argument("--flood-tokens", type=int, default=64)
     ap.add_argument("--probes", type=int, default=12, help="user B's requests on the idle server")
@@ -194,8 +199,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of flood before measuring")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    if not modes or set(modes) - {"on", "off"}:
-        ap.error("--modes: a comma-separated list of on and off")
+    if not modes or not all(re.fullmatch(r"(on|off)(@\d+)?", m) for m in modes):
+        ap.error("--modes: a comma-separated list of on, off, on@N and off@N")
     if min(args.flood, args.flood_tokens, args.probes, args.probe_tokens, args.cycles) < 1:
         ap.error("counts must be positive")
 
