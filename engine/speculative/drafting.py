@@ -1,0 +1,85 @@
+"""Which sequences draft in a step, and how many tokens: prompt lookup under a per-request and a
+per-batch brake.
+
+Per request: a draft of k tokens costs k more rows in the step whether or not they are accepted.
+A sequence drafts ``num_tokens`` at most; after a verification it drafts one more than it had
+accepted (all accepted: twice as many, up to the most), and after a draft rejected whole it
+pauses 1, 2, 4 .. 64 steps before it looks again. Free-form text, where lookup rarely guesses,
+so pays ~one row every 64 steps; a quoting answer drafts long runs.
+
+Per batch: speculation trades arithmetic for weight reads. One stream reads every weight for one
+token, so extra rows are nearly free; a step of many decodes is already compute-bound, and extra
+rows would slow everyone. Steps with more than ``max_decodes`` decoding sequences draft nothing.
+
+Only requests whose next token depends on nothing but the model's logits draft: not under a
+grammar (its state advances per token), penalties (they count earlier tokens), a LoRA adapter,
+or before ``min_tokens`` (suppression counts tokens too).
+"""
+
+from __future__ import annotations
+
+from engine.speculative.ngram import TokenBuffer, propose
+from engine.scheduling.sequence import Sequence
+
+MAX_PAUSE_STEPS = 64
+
+
+class DraftState:
+    """A sequence's drafting state: its packed ids, current draft length and pause."""
+
+    __slots__ = ("buffer", "length", "misses", "resume_at")
+
+    def __init__(self, length: int) -> None:
+        self.buffer = TokenBuffer()
+        self.length = length
+        self.misses = 0  # drafts rejected whole in a row
+        self.resume_at = 0  # the scheduler step from which it drafts again
+
+
+class Speculator:
+    def __init__(self, *, num_tokens: int, max_decodes: int, min_n: int = 2, max_n: int = 4):
+        self.num_tokens = num_tokens
+        self.max_decodes = max_decodes
+        self.min_n, self.max_n = min_n, max_n
+        # all time: verifications (steps x sequences that drafted), draft tokens, accepted ones
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    def draft(self, seq: Sequence, *, step: int, budget: int) -> list[int]:
+        """Draft tokens for ``seq``'s next step (it decodes one token, ``budget`` tokens are left
+        in the step), or []."""
+        params = seq.params
+        if (seq.grammar is not None or params.has_penalties or seq.adapter is not None
+                or seq.num_output_tokens < params.min_tokens or seq.max_num_tokens is None):
+            return []
+        state = self._state(seq)
+        if step < state.resume_at:
+            return []
+        # accepted drafts plus the token after them must fit the request's length
+        room = min(state.length, budget - 1, seq.max_num_tokens - seq.num_tokens - 1)
+        if room <= 0:
+            return []
+        state.buffer.sync(seq.token_ids)
+        return propose(state.buffer, room, min_n=self.min_n, max_n=self.max_n)
+
+    def record(self, seq: Sequence, num_draft: int, num_accepted: int, *, step: int) -> None:
+        """After ``seq``'s draft of ``num_draft`` tokens was verified: ``num_accepted`` kept."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        state = self._state(seq)
+        if num_accepted == num_draft:
+            state.length = min(self.num_tokens, 2 * state.length)
+        else:
+            state.length = max(1, min(self.num_tokens, num_accepted + 1))
+        if num_accepted:
+            state.misses = 0
+        else:
+            state.misses += 1
+            state.resume_at = step + min(MAX_PAUSE_STEPS, 1 << (state.misses - 1)) + 1
+
+    def _state(self, seq: Sequence) -> DraftState:
+        if seq.draft_state is None:
+            seq.draft_state = DraftState(self.num_tokens)
+        return seq.draft_state
