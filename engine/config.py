@@ -216,6 +216,14 @@ class EngineConfig:
         "the torch path (SDPA's flash kernel, whose bits depend on where the prompt was cut). Where "
         "the fused step does not run (CUDA, Gemma 3, Qwen3, 8-bit caches, LoRA rows) it is not "
         "guaranteed; start-up states which holds", bool)
+    speculative_tokens: int = _setting(
+        8, "speculative decoding by prompt lookup: most draft tokens a decoding sequence proposes "
+        "in a step, copied from where its last tokens occurred before in its prompt or output, and "
+        "verified in the same step (greedy and seeded answers are unchanged; a draft is shortened "
+        "after misses and paused after a whole one is rejected); 0: off", minimum=0, maximum=64)
+    speculative_max_decodes: int = _setting(
+        4, "steps with more decoding sequences than this draft nothing (many decodes already make "
+        "a step compute-bound, and draft rows would slow every stream)", minimum=1)
     scheduling_policy: str = _setting("fcfs", "fcfs, or priority (lower priority value first)", str,
                                       choices=SCHEDULING_POLICIES)
     fair_share: bool = _setting(

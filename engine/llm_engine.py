@@ -36,6 +36,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import Scheduler
 from engine.structured.grammar import GrammarCompiler
 from engine.scheduling.sequence import Sequence
+from engine.speculative.drafting import Speculator
 from engine.stats import EngineStats, engine_stats
 from engine.tenancy import Tenant
 from engine.text.tokenizer import load_tokenizer
@@ -92,6 +93,7 @@ class LLMEngine:
         self.scheduler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                                   self.eos_token_ids)  # structured outputs
         self.scheduler.lora_slots = AdapterSlots(config.max_loras)  # resident LoRA adapters
+        self.scheduler.speculator = self._speculator()
         self._requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # aborts, reported by the next step()
         self._groups: dict[str, SampleGroup] = {}  # n > 1 requests, by request id
@@ -102,6 +104,18 @@ class LLMEngine:
         self.health_error: str | None = None
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+
+    def _speculator(self) -> Speculator | None:
+        """Prompt-lookup drafting (engine/speculative/) unless off, or where its rows cannot be
+        verified: sliding-window block tables, tensor-parallel ranks."""
+        if not self.config.speculative_tokens:
+            return None
+        if self.runner.window_split is not None or self.config.tensor_parallel_size > 1:
+            logger.info("speculative decoding off: not built for %s", "sliding-window block tables"
+                        if self.runner.window_split is not None else "tensor parallel ranks")
+            return None
+        return Speculator(num_tokens=self.config.speculative_tokens,
+                          max_decodes=self.config.speculative_max_decodes)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int],
@@ -140,6 +154,7 @@ class LLMEngine:
             for i, sid in enumerate(ids):
                 seq = Sequence(sid, prompt_ids, params, priority=priority, arrival_time=arrival_time,
                                tenant=tenant, shared_prefix_len=shared_prefix_len, adapter=adapter)
+                seq.max_num_tokens = min(len(prompt_ids) + max_tokens, self.max_model_len)
                 detok = IncrementalDetokenizer(
                     self.tokenizer, skip_special_tokens=params.skip_special_tokens,
                     stop=params.stop_strings, include_stop_str_in_output=params.include_stop_str_in_output)
@@ -222,7 +237,7 @@ class LLMEngine:
             if req is None:  # a sample failed, and its group with it
                 continue
             try:
-                outputs.append(self._process_token(req, s.token_id, s.logprob, now))
+                outputs.append(self._process_tokens(req, s.token_ids, s.logprobs, now))
             except Exception:
                 logger.exception("request %s failed after its token was sampled; failing it alone",
                                  req.seq.request_id)
@@ -231,19 +246,23 @@ class LLMEngine:
             release_idle_heap()
         return outputs
 
-    def _process_token(self, req: _Request, token_id: int, logprob: TokenLogprob | None,
-                       now: float) -> RequestOutput:
-        req.seq.append_token(token_id)
-        self.num_generation_tokens += 1
+    def _process_tokens(self, req: _Request, token_ids: list[int], logprobs: list[TokenLogprob | None],
+                        now: float) -> RequestOutput:
+        """Append a step's tokens (more than one after a verified draft) to ``req`` in order; the
+        first that ends it ends it there, and the tokens after it are dropped."""
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
-        stop_str = req.detokenizer.add_tokens([token_id])
-        reason, stop_reason = self._check_stop(req, token_id, stop_str)
-        logprobs = [logprob] if logprob is not None else None
-        if reason is not None:
-            return self._finish(req, reason, stop_reason, [token_id], logprobs)
-        return self._output(req, req.detokenizer.get_delta(finished=False), [token_id], logprobs,
-                            None, None)
+        wanted = logprobs[0] is not None
+        for i, token_id in enumerate(token_ids):
+            req.seq.append_token(token_id)
+            self.num_generation_tokens += 1
+            stop_str = req.detokenizer.add_tokens([token_id])
+            reason, stop_reason = self._check_stop(req, token_id, stop_str)
+            if reason is not None:
+                return self._finish(req, reason, stop_reason, token_ids[:i + 1],
+                                    logprobs[:i + 1] if wanted else None)
+        return self._output(req, req.detokenizer.get_delta(finished=False), token_ids,
+                            logprobs if wanted else None, None, None)
 
     def _fork_computed_prompts(self, sampled) -> None:
         """Hand samples 1..n-1 to the scheduler once sample 0 has computed the prompt."""
@@ -357,6 +376,8 @@ class LLMEngine:
         warm-up request does not show in a server's metrics. Gauges and the cache itself stay."""
         self.block_manager.num_prefix_queried_tokens = self.block_manager.num_prefix_hit_tokens = 0
         self.scheduler.num_preemptions = 0
+        if (spec := self.scheduler.speculator) is not None:
+            spec.num_drafts = spec.num_draft_tokens = spec.num_accepted_tokens = 0
         self.num_prompt_tokens = self.num_generation_tokens = 0
 
     def stats(self) -> EngineStats:

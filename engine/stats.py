@@ -19,6 +19,11 @@ class EngineStats:
     num_generation_tokens: int  # tokens generated, all time
     num_lora_resident: int = 0  # LoRA adapters resident now (at most max_loras)
     num_lora_loads: int = 0  # adapters made resident (first loads and reloads after eviction), all time
+    # speculative decoding (engine/speculative/), all time: verifications (a sequence's draft in a
+    # step), draft tokens proposed, and those accepted
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
 
 
 def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_generation_tokens: int) -> EngineStats:
@@ -31,4 +36,7 @@ def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_genera
         num_preemptions=scheduler.num_preemptions,
         num_prompt_tokens=num_prompt_tokens, num_generation_tokens=num_generation_tokens,
         num_lora_resident=len(slots.resident) if (slots := scheduler.lora_slots) else 0,
-        num_lora_loads=slots.num_loads if slots else 0)
+        num_lora_loads=slots.num_loads if slots else 0,
+        num_spec_drafts=spec.num_drafts if (spec := scheduler.speculator) else 0,
+        num_spec_draft_tokens=spec.num_draft_tokens if spec else 0,
+        num_spec_accepted_tokens=spec.num_accepted_tokens if spec else 0)

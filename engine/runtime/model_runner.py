@@ -32,16 +32,20 @@ from engine.models.loader import (apply_layouts, init_random_weights, load_weigh
 from engine.models.model_config import ModelConfig
 from engine.models.registry import model_class
 from engine.outputs import TokenLogprob
+from engine.sampling.parallel_sampling import position_seed
 from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.scheduling.scheduler import ScheduledSequence
+from engine.speculative.verify import accept
 
 logger = logging.getLogger(__name__)
 
 @dataclass
 class SampledToken:
+    """What one scheduled sequence's step produced: one token, or after a speculative draft the
+    accepted draft tokens and the model's token after them (engine/speculative/verify.py)."""
     entry: ScheduledSequence
-    token_id: int
-    logprob: TokenLogprob | None
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
 
 
 class ModelRunner:
@@ -130,6 +134,9 @@ class ModelRunner:
         # LoRA adapters: projections wrapped (after the fused step took the plain ones) at the first
         self.lora = LoRARuntime(self.model, num_slots=config.max_loras, max_rank=config.max_lora_rank,
                                 dtype=self.dtype, device=self.device, tensor_parallel=self.tp > 1)
+        # seeded requests: their seed and the generator their rows' noise is drawn with, re-seeded
+        # per sampled position (engine/sampling/sampler.py)
+        self.seeds: dict[str, int] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
@@ -269,9 +276,11 @@ class ModelRunner:
     # ----------------------------------------------------------------- step
     def add_request(self, request_id: str, seed: int | None) -> None:
         if seed is not None:
-            self.generators[request_id] = torch.Generator(self.device).manual_seed(seed)
+            self.seeds[request_id] = seed
+            self.generators[request_id] = torch.Generator(self.device)
 
     def remove_request(self, request_id: str) -> None:
+        self.seeds.pop(request_id, None)
         self.generators.pop(request_id, None)
 
     @torch.inference_mode()
@@ -302,7 +311,7 @@ class ModelRunner:
         if num_adapter_rows:
             self.lora.prepare(batch.ordered)
         # Built before the forward is queued, so its host-to-device copies never wait on it.
-        meta = self._sampling_metadata(batch.sampling) if batch.sampling else None
+        meta = self._sampling_metadata(batch.sampling, batch.sample_positions) if batch.sampling else None
         if self.ranks is not None:  # tensor parallel: the other ranks run the same step
             self.ranks.send_step(entries)
         try:
@@ -323,7 +332,7 @@ class ModelRunner:
             self.lora.clear()
         out = self.sampler(logits, meta)
         token_ids, logprobs = self._to_host(batch.sampling, out)
-        return [SampledToken(e, t, lp) for e, t, lp in zip(batch.sampling, token_ids, logprobs)]
+        return _per_sequence(batch.sampling, token_ids, logprobs)
 
     def _forward_fused(self, batch, every_row: bool) -> torch.Tensor:
         """Every row fused (batch-invariant), or prefill rows through the model and the decode
@@ -353,7 +362,12 @@ class ModelRunner:
             self.ranks.close()
             self.ranks = None
 
-    def _sampling_metadata(self, entries: list[ScheduledSequence]) -> SamplingMetadata:
+    def _sampling_metadata(self, entries: list[ScheduledSequence],
+                           positions: list[int] | None = None) -> SamplingMetadata:
+        """``entries``: one per sampled row; ``positions``: the position each row samples (a
+        seeded row's noise comes from its seed and that position alone)."""
+        if positions is None:
+            positions = [e.seq.num_tokens for e in entries]
         params = [e.seq.params for e in entries]
         needs_history = any(p.has_penalties for p in params)
         suppress = []
@@ -368,6 +382,8 @@ class ModelRunner:
             prompt_token_ids=[e.seq.prompt_token_ids if needs_history else [] for e in entries],
             output_token_ids=[e.seq.output_token_ids if needs_history else [] for e in entries],
             generators=[self.generators.get(e.seq.request_id) for e in entries],
+            row_seeds=[None if (seed := self.seeds.get(e.seq.request_id)) is None else position_seed(seed, p)
+                       for e, p in zip(entries, positions)],
             suppress_token_ids=suppress,
             device=self.device,
             grammars=[e.seq.grammar for e in entries],
@@ -392,3 +408,23 @@ class ModelRunner:
             top = [(int(t), lp) for t, lp in zip(r[2:2 + n], r[2 + k:2 + k + n])]
             result.append(TokenLogprob(token_id=int(r[0]), logprob=r[1], top=top))
         return token_ids, result
+
+
+def _per_sequence(rows: list[ScheduledSequence], token_ids: list[int],
+                  logprobs: list[TokenLogprob | None]) -> list[SampledToken]:
+    """The sampled rows grouped by sequence; a speculative entry's k + 1 rows (consecutive) keep
+    the accepted draft and the model's token after it, and the entry learns how many it rejected."""
+    out: list[SampledToken] = []
+    i = 0
+    while i < len(rows):
+        e = rows[i]
+        if not e.draft:
+            out.append(SampledToken(e, [token_ids[i]], [logprobs[i]]))
+            i += 1
+            continue
+        n = len(e.draft) + 1
+        a = accept(e.draft, token_ids[i:i + n])
+        e.num_rejected = len(e.draft) - a
+        out.append(SampledToken(e, token_ids[i:i + a + 1], logprobs[i:i + a + 1]))
+        i += n
+    return out

@@ -38,6 +38,17 @@ def derive_seed(seed: int | None, index: int) -> int | None:
     return h.intdigest() % _SEED_SPACE
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The seed of the noise a request seeded with ``seed`` samples its token at ``position`` with:
+    a function of the two alone, so the token does not depend on how many were drawn before it
+    (a speculative step draws for rows it then discards, engine/speculative/verify.py)."""
+    h = xxhash.xxh3_64()
+    h.update(seed.to_bytes(16, "little", signed=True))
+    h.update(position.to_bytes(8, "little"))
+    h.update(b"position")
+    return h.intdigest() % _SEED_SPACE
+
+
 def check_n(n: object) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise InvalidParameterError("n", f"must be an integer from 1 to {MAX_N}, got {n!r}")

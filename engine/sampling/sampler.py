@@ -13,7 +13,9 @@ Sampling draws ``argmax(probs / q)`` with ``q ~ Exp(1)`` per token, which picks
 token i with probability ``probs[i] / sum(probs)`` (exponential race, the
 Gumbel-max trick in another form). Seeded rows draw their q from their own
 generator only, so their token does not depend on the rest of the batch or on
-their row position. Everything stays on ``logits.device``; nothing syncs with
+their row position; the runner re-seeds a row's generator from the request's seed and the
+position it samples (``row_seeds``), so a token depends on neither the tokens drawn before it nor
+a speculative step's discarded rows. Everything stays on ``logits.device``; nothing syncs with
 the host.
 """
 
@@ -111,7 +113,10 @@ def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
     if not meta.all_random_seeded:
         _exponential_(q, None)  # one batched draw for the unseeded rows
     for row in meta.seeded_rows:
-        _exponential_(q[row], meta.generators[row])
+        generator = meta.generators[row]
+        if meta.row_seeds is not None and meta.row_seeds[row] is not None:
+            generator.manual_seed(meta.row_seeds[row])
+        _exponential_(q[row], generator)
     return probs.div_(q).argmax(dim=-1)
 
 

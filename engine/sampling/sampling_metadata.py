@@ -57,6 +57,9 @@ class SamplingMetadata:
     logit_bias_index: TokenIndex | None = None
     logit_bias_values: torch.Tensor | None = None
     grammar_bitmask: torch.Tensor | None = None
+    # per row: the seed its generator is re-seeded with before the row's noise is drawn (the
+    # request's seed mixed with the sampled position); None: the generator is used as it is
+    row_seeds: list[int | None] | None = None
 
     @classmethod
     def build(
@@ -68,6 +71,7 @@ class SamplingMetadata:
         suppress_token_ids: list[list[int]],
         device: torch.device | str,
         grammars: list | None = None,
+        row_seeds: list[int | None] | None = None,
     ) -> SamplingMetadata:
         num_rows = len(params)
         assert len(prompt_token_ids) == len(output_token_ids) == len(generators) \
@@ -109,6 +113,7 @@ class SamplingMetadata:
                                        dtype=torch.float32, device=device)
 
         return cls(
+            row_seeds=row_seeds,
             logit_bias_index=bias_index,
             logit_bias_values=bias_values,
             grammar_rows=grammar_rows,

@@ -183,7 +183,9 @@ class BlockManager:
             return
         start = len(seq.block_hashes)
         parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq)
-        stop = seq.num_computed_tokens // self.block_size
+        # after a verified draft its accepted tokens are computed before the engine appends them:
+        # those blocks are registered after the next step
+        stop = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         for i, block_hash in enumerate(self._chain(seq, start, stop, parent), start):
             seq.block_hashes.append(block_hash)
             block = self.blocks[seq.block_table[i]]

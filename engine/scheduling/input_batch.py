@@ -19,7 +19,10 @@ class InputBatch:
     meta: AttentionMetadata
     # [S] rows of the flat batch whose next token is sampled; slice(None) when that is every row
     logits_rows: torch.Tensor | slice
-    sampling: list[ScheduledSequence]  # the S entries, in the same order
+    # the S rows' entries, in the same order: a speculative entry once per row (its k + 1 rows all
+    # sample, engine/speculative/verify.py), any other once
+    sampling: list[ScheduledSequence]
+    sample_positions: list[int]  # [S] the position of the token each row samples
     ordered: list[ScheduledSequence]  # every entry, in the order of the flat batch's rows
 
 
@@ -42,15 +45,21 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
     slots: list[int] = []
     logits_rows: list[int] = []
     sampling: list[ScheduledSequence] = []
+    sample_positions: list[int] = []
     for e in ordered:
         table = e.seq.block_table
         end = e.start + e.num_new_tokens
-        input_ids.extend(e.seq.token_ids[e.start:end])
+        input_ids.extend(e.input_token_ids)
         positions.extend(range(e.start, end))
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(e.start, end))
-        if e.is_sampling:
+        if e.draft:  # verified: every row samples
+            logits_rows.extend(range(len(input_ids) - e.num_new_tokens, len(input_ids)))
+            sampling.extend([e] * e.num_new_tokens)
+            sample_positions.extend(range(e.start + 1, end + 1))
+        elif e.is_sampling:
             logits_rows.append(len(input_ids) - 1)
             sampling.append(e)
+            sample_positions.append(end)
 
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
     # One host tensor (one host-to-device copy) for the step's ids, positions and slots; the
@@ -79,6 +88,7 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         meta=meta,
         logits_rows=slice(None) if every_row else flat[3 * t:],
         sampling=sampling,
+        sample_positions=sample_positions,
         ordered=ordered,
     )
 

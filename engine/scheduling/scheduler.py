@@ -15,7 +15,8 @@ own: its prompt's first chunk without the running decodes, so that its first tok
 that short step, not after a step of the whole batch (on a CPU, 128 decodes take 100-250 ms,
 a short prompt alone 10-20 ms). The decodes lose that one short step per such arrival.
 
-share; with one tenant that is the policy's order above, unchanged.
+A decode may feed a speculative draft after its token (``speculator``, engine/speculative/): its
+rows are verified in the same step, and only the accepted ones count as computed afterwards.
 
 A sequence under a LoRA adapter is admitted only when its adapter is resident or can be made so
 (``lora_slots``, engine/lora/slots.py: a bounded LRU that never evicts a running sequence's
@@ -38,13 +39,23 @@ IDLE_COMPILE_WAIT_S = 0.005  # a step with nothing to run but a grammar compilin
 @dataclass
 class ScheduledSequence:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # the draft's tokens included
     start: int  # index of the first token fed this step (= num_computed_tokens before it)
+    # speculative draft tokens fed after the sequence's last token (engine/speculative/), every
+    # row then sampled; num_rejected: how many of them the model did not produce (set after the step)
+    draft: list[int] = field(default_factory=list)
+    num_rejected: int = 0
 
     @property
     def is_sampling(self) -> bool:
         """Whether this step reaches the end of the sequence's tokens and so samples the next one."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+        return self.start + self.num_new_tokens == self.seq.num_tokens + len(self.draft)
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        """The ids fed this step: the sequence's tokens from ``start``, then the draft."""
+        end = self.start + self.num_new_tokens - len(self.draft)
+        return self.seq.token_ids[self.start:end] + self.draft if self.draft else self.seq.token_ids[self.start:end]
 
 
 @dataclass
@@ -91,6 +102,7 @@ class Scheduler:
         # sequence's grammar is compiled off this thread from add(), and it waits until ready
         self.grammars = None
         self.lora_slots = None  # engine/lora/slots.py's AdapterSlots, set by an engine serving adapters
+        self.speculator = None  # engine/speculative/drafting.py's Speculator, set by an engine that drafts
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence) -> None:
@@ -139,8 +151,14 @@ class Scheduler:
 
     def _schedule_running(self, step: _Step) -> None:
         """Running sequences: decodes first (at most max_num_decodes of them, those fed longest
-        ago first: a round robin), then prompts still being prefilled in chunks."""
-        for seq in self._running_order():
+        ago first: a round robin), then prompts still being prefilled in chunks. A decode may
+        bring a speculative draft (engine/speculative/drafting.py) when the step has few decodes
+        and the pool has free blocks for it: nobody is ever preempted for a draft."""
+        order = self._running_order()
+        speculator = self.speculator
+        if speculator is not None and sum(s.num_uncomputed_tokens == 1 for s in order) > speculator.max_decodes:
+            speculator = None  # a compute-bound step: no drafts
+        for seq in order:
             if step.budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
@@ -153,6 +171,11 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
+            if speculator is not None and num_new == 1:
+                draft = speculator.draft(seq, step=self.num_steps, budget=step.budget)
+                if draft and self._allocate(seq, 1 + len(draft)):
+                    self._enter(step, seq, 1 + len(draft), draft)
+                    continue
             while not self._allocate(seq, num_new):
                 victim = self.fair.pool_victim(self.running, self.policy)
                 self._evict(step, victim)
@@ -230,7 +253,10 @@ class Scheduler:
         """Advance computed-token counts and publish newly full blocks to the prefix cache."""
         for entry in out.scheduled:
             seq = entry.seq
-            seq.num_computed_tokens = entry.start + entry.num_new_tokens
+            seq.num_computed_tokens = entry.start + entry.num_new_tokens - entry.num_rejected
+            if entry.draft:
+                self.speculator.record(seq, len(entry.draft), len(entry.draft) - entry.num_rejected,
+                                       step=self.num_steps)
             self.block_manager.cache_full_blocks(seq)
 
     # ----------------------------------------------------------------- helpers
@@ -246,10 +272,10 @@ class Scheduler:
         self.fair.hold(seq, len(seq.block_table) - num_held)
         return True
 
-    def _enter(self, step: _Step, seq: Sequence, num_new: int) -> None:
-        """Feed ``seq`` ``num_new`` tokens this step, charged to its tenant."""
+    def _enter(self, step: _Step, seq: Sequence, num_new: int, draft: list[int] = ()) -> None:
+        """Feed ``seq`` ``num_new`` tokens this step (``draft``'s last), charged to its tenant."""
         seq.fed_at = (self.num_steps, len(step.entries))  # decodes past the cap take turns by it
-        step.entries[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens)
+        step.entries[id(seq)] = ScheduledSequence(seq, num_new, seq.num_computed_tokens, list(draft))
         step.budget -= num_new
         self.fair.charge(seq, num_new)
 

@@ -57,6 +57,10 @@ class Sequence:
         self.is_first_schedule = True
         self.fed_at = (0, 0)  # (the scheduler's step, the place in it) it was last fed tokens
         self.grammar = None  # a constrained request's RequestGrammar (engine/structured/grammar.py)
+        # the most tokens (prompt + output) it may reach, set by the engine; speculative drafts stay
+        # inside it (None: it never drafts)
+        self.max_num_tokens: int | None = None
+        self.draft_state = None  # engine/speculative/drafting.py's DraftState, once it drafts
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.scheduling.input_batch import build_input_batch
+from engine.scheduling.scheduler import ScheduledSequence
 from engine.kernels.cpu import decode_step
 
 pytestmark = pytest.mark.skipif(decode_step.library() is None,
@@ -26,7 +27,7 @@ def _runner(path, dtype="float32", **kw):
 
 def _entry(tokens, table, start, count):
     seq = SimpleNamespace(token_ids=tokens, block_table=table, num_tokens=len(tokens))
-    return SimpleNamespace(seq=seq, start=start, num_new_tokens=count, is_sampling=True)
+    return ScheduledSequence(seq, num_new_tokens=count, start=start)
 
 
 def _sequences(seed=0, lengths=(5, 37, 70), blocks=None):
