@@ -8,7 +8,9 @@
 - counters since the worker started: ``prefix_cache_queried_tokens``,
   ``prefix_cache_hit_tokens``, ``num_preemptions``, ``num_prompt_tokens``,
   ``num_generation_tokens``, ``num_lora_loads``, ``num_requests`` (claimed), ``num_requests_finished``
-  (``{"stop", "length", "abort", "error"}`` -> count);
+  (``{"stop", "length", "abort", "error"}`` -> count), and speculative decoding's
+  ``num_spec_drafts`` (a sequence's draft verified in a step), ``num_spec_draft_tokens`` and
+  ``num_spec_accepted_tokens``;
 - ``tokens_per_s``: generated tokens per second over the last ``RATE_WINDOW_S``;
 - ``latency``: ``{"time_to_first_token" | "time_per_output_token" | "e2e_latency": histogram}``
   where a histogram is ``{"buckets": [upper bounds, s], "counts": [cumulative, one per bucket],
@@ -113,6 +115,9 @@ class WorkerMetrics:
             "num_generation_tokens": engine_stats.num_generation_tokens,
             "num_lora_resident": engine_stats.num_lora_resident,
             "num_lora_loads": engine_stats.num_lora_loads,
+            "num_spec_drafts": engine_stats.num_spec_drafts,
+            "num_spec_draft_tokens": engine_stats.num_spec_draft_tokens,
+            "num_spec_accepted_tokens": engine_stats.num_spec_accepted_tokens,
             "tokens_per_s": self.tokens_per_s(engine_stats.num_generation_tokens, now),
             "num_requests": self.num_requests,
             "num_requests_finished": dict(self.num_finished),

@@ -5,6 +5,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from webapp.monitoring.figures import worker_figures
 from webapp.monitoring.metrics import worker_families
 from webapp.registry.models import Model, ModelVersion
 from workers.metrics import E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, LatencyHistogram
@@ -98,7 +99,8 @@ def test_worker_stats_become_vllm_named_gauges_counters_and_histograms():
     e2e.observe(1.3)
     stats = {"num_running": 2, "num_waiting": 1, "kv_cache_usage": 0.25, "prefix_cache_queried_tokens": 96,
              "prefix_cache_hit_tokens": 32, "num_preemptions": 1, "num_prompt_tokens": 64,
-             "num_generation_tokens": 11, "tokens_per_s": 5.5,
+             "num_generation_tokens": 11, "tokens_per_s": 5.5, "num_spec_drafts": 4,
+             "num_spec_draft_tokens": 20, "num_spec_accepted_tokens": 15,
              "latency": {"time_to_first_token": ttft.to_dict(), "time_per_output_token": tpot.to_dict(),
                          "e2e_latency": e2e.to_dict()}}
     info = worker(stats)
@@ -127,6 +129,9 @@ def test_worker_stats_become_vllm_named_gauges_counters_and_histograms():
     assert value("pagoda:num_preemptions", "pagoda:num_preemptions_total") == 1
     assert value("pagoda:prompt_tokens", "pagoda:prompt_tokens_total") == 64
     assert value("pagoda:generation_tokens", "pagoda:generation_tokens_total") == 11
+    assert value("pagoda:spec_decode_num_drafts", "pagoda:spec_decode_num_drafts_total") == 4
+    assert value("pagoda:spec_decode_num_draft_tokens", "pagoda:spec_decode_num_draft_tokens_total") == 20
+    assert value("pagoda:spec_decode_num_accepted_tokens", "pagoda:spec_decode_num_accepted_tokens_total") == 15
     ttft = {s.labels["le"]: s.value for s in families["pagoda:time_to_first_token_seconds"].samples
             if s.name.endswith("_bucket")}
     assert ttft["0.25"] == 0 and ttft["0.5"] == 1 and ttft["+Inf"] == 1
@@ -135,3 +140,11 @@ def test_worker_stats_become_vllm_named_gauges_counters_and_histograms():
     e2e_count = [s.value for s in families["pagoda:e2e_request_latency_seconds"].samples
                  if s.name.endswith("_count")]
     assert e2e_count == [1]
+
+
+def test_the_workers_figures_state_speculative_acceptance_and_tokens_per_step():
+    figures = worker_figures({"num_spec_drafts": 4, "num_spec_draft_tokens": 20, "num_spec_accepted_tokens": 15})
+    assert figures["spec_acceptance_rate"] == 0.75
+    assert figures["spec_tokens_per_step"] == 4.75  # (15 accepted + 4 tokens of the model's own) / 4 steps
+    none = worker_figures({"num_spec_drafts": 0, "num_spec_draft_tokens": 0})
+    assert none["spec_acceptance_rate"] is None and none["spec_tokens_per_step"] is None

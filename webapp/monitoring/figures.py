@@ -17,13 +17,16 @@ def percentile(samples: list[float], q: float) -> float | None:
 
 
 def worker_figures(stats: dict | None) -> dict:
-    """Queue, KV cache use, prefix hit rate, tokens/s and TTFT/ITL p50/p95 (over the worker's
-    recent samples; None when it has none yet)."""
+    """Queue, KV cache use, prefix hit rate, tokens/s, TTFT/ITL p50/p95 (over the worker's
+    recent samples; None when it has none yet) and speculative decoding's acceptance rate and
+    tokens per drafting step (accepted drafts + the model's own token; None before any draft)."""
     stats = stats or {}
     latency = stats.get("latency") or {}
     ttft = (latency.get("time_to_first_token") or {}).get("recent") or []
     tpot = (latency.get("time_per_output_token") or {}).get("recent") or []
     queried = stats.get("prefix_cache_queried_tokens") or 0
+    drafts, draft_tokens = stats.get("num_spec_drafts") or 0, stats.get("num_spec_draft_tokens") or 0
+    accepted = stats.get("num_spec_accepted_tokens") or 0
     return {
         "num_running": stats.get("num_running", 0), "num_waiting": stats.get("num_waiting", 0),
         "kv_cache_usage": stats.get("kv_cache_usage", 0.0),
@@ -31,4 +34,6 @@ def worker_figures(stats: dict | None) -> dict:
         "tokens_per_s": stats.get("tokens_per_s", 0.0),
         "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
         "itl_p50": percentile(tpot, 50), "itl_p95": percentile(tpot, 95),
+        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "spec_tokens_per_step": (accepted + drafts) / drafts if drafts else None,
     }

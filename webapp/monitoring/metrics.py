@@ -59,6 +59,9 @@ COUNTERS = {
     "num_prompt_tokens": ("prompt_tokens", "Prompt tokens computed (prefix cache hits excluded)."),
     "num_generation_tokens": ("generation_tokens", "Tokens generated."),
     "num_lora_loads": ("lora_adapter_loads", "LoRA adapters made resident (first loads and reloads after eviction)."),
+    "num_spec_drafts": ("spec_decode_num_drafts", "Speculative drafts verified (one per sequence and step that drafted)."),
+    "num_spec_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative draft tokens proposed."),
+    "num_spec_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."),
 }
 HISTOGRAMS = {
     "time_to_first_token": ("time_to_first_token_seconds", "Time from request creation to its first token."),
