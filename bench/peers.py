@@ -23,13 +23,22 @@ says how many tokens it found cached: 0). llama.cpp splits ``-c`` between its 32
 tokens each), so the long prompts go to a second llama-server with one slot of 8,192 tokens,
 the model's context, started beside the first. This is the guard on the prefill path.
 
+Grounded tasks (``--grounded``, default every task of bench/grounded_tasks.py; ``''`` skips them):
+one stream, one chat request per task at a time, greedy, ``--grounded-tokens`` at most, against
+Pagoda as ``make run`` starts it (speculative decoding by prompt lookup on), a second Pagoda with
+``speculative_tokens: 0``, and llama.cpp's one-slot server; alternated ``--repeats`` times. Reports
+each server's decode time per output token (first to last streamed token) and the speed-up of
+speculation on its own server; the two Pagodas' answers must be the same text.
+
     .venv/bin/python bench/peers.py [--model PATH.gguf] [--repeats 2] [--max-tokens 128]
         [--requests-1 4] [--requests-32 32] [--streams 1,32] [--long 512,2048,6000]
+        [--grounded spelling,extract,edit,free-form] [--grounded-tokens 400]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -46,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 
 from bench.machine import cpu_line, load_line  # noqa: E402
+from bench.grounded_tasks import TASKS  # noqa: E402
 from bench.prefill import document_text  # noqa: E402
 from serve_compare import PY, ROOT, Services, free_port, prepare_workdir  # noqa: E402
 
@@ -183,6 +193,53 @@ def long_prompts(servers: dict, lengths: list[int], repeats: int, model: str, do
         print(f"{n:>13}{ours:>10.2f}{theirs:>13.2f}{ours / theirs:>11.2f}")
 
 
+def stream_chat(url: str, key: str, model: str, prompt: str, max_tokens: int) -> tuple[float, int, str]:
+    """(seconds from the first streamed token to the last, output tokens, the answer's text) of
+    one greedy streamed chat completion."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    events, text, usage = 0, [], None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600,
+                      headers={"Authorization": f"Bearer {key}"}) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
+            if delta.get("content"):
+                last = time.perf_counter()
+                first = first or last
+                events += 1
+                text.append(delta["content"])
+    tokens = (usage or {}).get("completion_tokens") or events
+    return (last - first) if first else float("nan"), tokens, "".join(text)
+
+
+def grounded(servers: dict, tasks: list[str], repeats: int, max_tokens: int, model: str) -> None:
+    """One stream per task, alternated between the servers; medians of decode ms per output token."""
+    ms: dict[tuple[str, str], list[float]] = {}
+    answers: dict[tuple[str, str], str] = {}
+    for repeat in range(repeats):
+        order = list(servers.items()) if repeat % 2 == 0 else list(servers.items())[::-1]
+        for task in tasks:
+            for name, (url, server_key) in order:
+                load = os.getloadavg()[0]
+                seconds, tokens, text = stream_chat(url, server_key, model, TASKS[task], max_tokens)
+                ms.setdefault((name, task), []).append(1000 * seconds / max(tokens - 1, 1))
+                answers[(name, task)] = text
+                print(f"[{repeat + 1}/{repeats}] {name:<14} {task:<10} {tokens:>4} tokens, "
+                      f"{ms[(name, task)][-1]:6.2f} ms/token (load {load:.1f})", flush=True)
+    print(f"\ngrounded tasks, one stream: decode ms per output token, median of {repeats} alternated runs")
+    print(f"{'task':<10}{'pagoda':>9}{'no spec':>9}{'llama.cpp':>11}{'spec speed-up':>15}{'P/L':>7}  same answer")
+    for task in tasks:
+        on, off, peer = (statistics.median(ms[(name, task)]) for name in servers)
+        same = answers[("pagoda", task)] == answers[("pagoda-no-spec", task)]
+        print(f"{task:<10}{on:>9.2f}{off:>9.2f}{peer:>11.2f}{off / on:>14.2f}x{on / peer:>7.2f}  {same}")
+
+
 def _median(values: list[float]) -> float:
     """Median of the runs that succeeded (NaN when none did)."""
     ok = [v for v in values if v == v]
@@ -202,7 +259,13 @@ def main() -> int:
                     help="which of the two workloads to run, comma-separated: 1, 32 or both ('' for none)")
     ap.add_argument("--long", default="512,2048,6000",
                     help=f"long-prompt lengths, comma-separated, each below {LONG_CONTEXT} ('' for none)")
+    ap.add_argument("--grounded", default=",".join(TASKS),
+                    help=f"grounded tasks, comma-separated, of {', '.join(TASKS)} ('' for none)")
+    ap.add_argument("--grounded-tokens", type=int, default=400, help="most output tokens of a grounded task")
     args = ap.parse_args()
+    tasks = [t for t in args.grounded.split(",") if t.strip()]
+    if not set(tasks) <= TASKS.keys():
+        ap.error(f"--grounded must list tasks of {', '.join(TASKS)}, not {args.grounded!r}")
     try:
         lengths = [int(n) for n in args.long.split(",") if n.strip()]
     except ValueError:
@@ -213,7 +276,7 @@ def main() -> int:
         streams = sorted({int(n) for n in args.streams.split(",") if n.strip()})
     except ValueError:
         streams = [0]
-    if not set(streams) <= {1, 32} or not (streams or lengths):
+    if not set(streams) <= {1, 32} or not (streams or lengths or tasks):
         ap.error(f"--streams must list 1 and/or 32, not {args.streams!r}")
     if min(args.repeats, args.max_tokens, args.requests_1, args.requests_32) < 1:
         ap.error("every count must be positive")
@@ -241,7 +304,14 @@ def main() -> int:
                         "PAGODA_ENGINE_MAX_NUM_SEQS": "32"})
         servers = {"pagoda": (f"http://127.0.0.1:{pagoda_port}", key, services.procs[1].pid),
                    "llama.cpp": (f"http://127.0.0.1:{llama_port}", "none", services.procs[0].pid)}
-        if lengths:  # one slot of the model's context for the long prompts (see the docstring)
+        if tasks:  # the same server without speculation, for its speed-up
+            nospec_port = free_port()
+            services.spawn("pagoda-no-spec", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(nospec_port),
+                                              "webapp.config.asgi:application"],
+                           {"PAGODA_EMBEDDED_WORKERS": "1", "PAGODA_ENGINE_NUM_KV_BLOCKS": "1024",
+                            "PAGODA_ENGINE_MAX_NUM_SEQS": "32", "PAGODA_ENGINE_SPECULATIVE_TOKENS": "0"})
+            wait_http(f"http://127.0.0.1:{nospec_port}/readyz", services)
+        if lengths or tasks:  # one slot of the model's context for the long prompts (see the docstring)
             long_port = free_port()
             services.spawn("llama-server-long", [str(binary), "-m", str(gguf), "-np", "1", "-c", str(LONG_CONTEXT),
                                                  "-t", "2", "--host", "127.0.0.1", "--port", str(long_port)])
@@ -267,6 +337,15 @@ def main() -> int:
             document = tokenize(long_url, document_text())
             long_prompts({"pagoda": servers["pagoda"][:2], "llama.cpp": (long_url, "none")}, lengths,
                          args.repeats, slug, document)
+
+        if tasks:
+            if endpoint != "chat":
+                print("grounded tasks skipped: they are chat requests, and --model is served as text completions")
+            else:
+                grounded({"pagoda": servers["pagoda"][:2],
+                          "pagoda-no-spec": (f"http://127.0.0.1:{nospec_port}", key),
+                          "llama.cpp": (f"http://127.0.0.1:{long_port}", "none")},
+                         tasks, args.repeats, args.grounded_tokens, slug)
 
     if not streams:
         shutil.rmtree(root, ignore_errors=True)
