@@ -65,6 +65,24 @@ def test_verified_drafts_give_the_answer_of_one_token_a_step(tiny_llama_dir, par
     llm.engine.block_manager.check_all_free()
 
 
+def test_drafts_verify_on_the_torch_path_too(tiny_llama_dir):
+    """Without the fused step (dense float32 weights: the path of CUDA and the families the C step
+    does not compute) a drafting sequence's rows are a prompt chunk over its cache: the same
+    tokens, and logprobs to float32 rounding (that path is not batch-invariant)."""
+    settings = {"quantization": None, "dtype": "float32", "batch_invariant": False}
+    prompts, params = [PROMPT, OTHERS[0]], [GREEDY, GREEDY]
+    plain = make_llm(tiny_llama_dir, speculative_tokens=0, **settings).generate(prompts, params)
+    llm = make_llm(tiny_llama_dir, speculative_tokens=6, **settings)
+    assert llm.engine.runner.fused_decode is None
+    spec = with_oracle_drafts(llm, {tuple(o.prompt_token_ids): list(o.token_ids) for o in plain})
+    outs = llm.generate(prompts, params)
+    for out, ref in zip(outs, plain):
+        assert out.token_ids == ref.token_ids
+        assert [t.logprob for t in out.logprobs] == pytest.approx([t.logprob for t in ref.logprobs], abs=1e-4)
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+    llm.engine.block_manager.check_all_free()
+
+
 @pytest.mark.slow
 def test_the_answer_holds_beside_others_chunked_preempted_and_from_the_cache(tiny_llama_dir):
     plain = make_llm(tiny_llama_dir, speculative_tokens=0)
