@@ -151,8 +151,9 @@ def pagoda_decode(runner: ModelRunner, batch_size: int, prompt_len: int, num_ste
         out = scheduler.schedule()
         sampled = runner.execute(out.scheduled)  # returns after the step's one host sync
         scheduler.update_after_step(out)
-        for s in sampled:
-            s.entry.seq.append_token(s.token_id)
+        for s in sampled:  # one token each: nothing drafts here (no speculator on this scheduler)
+            for token_id in s.token_ids:
+                s.entry.seq.append_token(token_id)
         return len(out.scheduled)
 
     try:

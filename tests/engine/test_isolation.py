@@ -65,10 +65,10 @@ def bad_rows_raise_in_sampler(engine, monkeypatch):
 def bad_rows_raise_building_metadata(engine, monkeypatch):
     build = engine.runner._sampling_metadata
 
-    def faulty(entries):
+    def faulty(entries, *args):
         if any(e.seq.request_id == "bad" for e in entries):
             raise OverflowError("injected metadata fault")
-        return build(entries)
+        return build(entries, *args)
 
     monkeypatch.setattr(engine.runner, "_sampling_metadata", faulty)
 
