@@ -14,6 +14,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.kernels.cpu import decode_step
+from engine.speculative.drafting import Speculator
 
 pytestmark = pytest.mark.skipif(decode_step.library() is None,
                                 reason="no C compiler or no AVX2/FMA/F16C here: no fused step, no invariance")
@@ -65,15 +66,18 @@ def test_verified_drafts_give_the_answer_of_one_token_a_step(tiny_llama_dir, par
     llm.engine.block_manager.check_all_free()
 
 
-def test_drafts_verify_on_the_torch_path_too(tiny_llama_dir):
+def test_drafts_verify_on_the_torch_path_too_where_the_engine_does_not_draft(tiny_llama_dir):
     """Without the fused step (dense float32 weights: the path of CUDA and the families the C step
-    does not compute) a drafting sequence's rows are a prompt chunk over its cache: the same
-    tokens, and logprobs to float32 rounding (that path is not batch-invariant)."""
-    settings = {"quantization": None, "dtype": "float32", "batch_invariant": False}
+    does not compute) the runner is not batch-invariant, and the engine does not draft: a draft's
+    rows, a chunk over the cache, round otherwise than one row. The verification itself works
+    there: the same tokens, and logprobs to float32 rounding."""
+    settings = {"quantization": None, "dtype": "float32"}
     prompts, params = [PROMPT, OTHERS[0]], [GREEDY, GREEDY]
     plain = make_llm(tiny_llama_dir, speculative_tokens=0, **settings).generate(prompts, params)
     llm = make_llm(tiny_llama_dir, speculative_tokens=6, **settings)
-    assert llm.engine.runner.fused_decode is None
+    assert llm.engine.runner.fused_decode is None and not llm.engine.runner.batch_invariant
+    assert llm.engine.scheduler.speculator is None
+    llm.engine.scheduler.speculator = Speculator(num_tokens=6, max_decodes=4)
     spec = with_oracle_drafts(llm, {tuple(o.prompt_token_ids): list(o.token_ids) for o in plain})
     outs = llm.generate(prompts, params)
     for out, ref in zip(outs, plain):
