@@ -153,7 +153,8 @@ class Scheduler:
         """Running sequences: decodes first (at most max_num_decodes of them, those fed longest
         ago first: a round robin), then prompts still being prefilled in chunks. A decode may
         bring a speculative draft (engine/speculative/drafting.py) when the step has few decodes
-        and the pool has free blocks for it: nobody is ever preempted for a draft."""
+        and the pool has free blocks for it inside its tenant's KV quota: nobody is ever preempted
+        for a draft."""
         order = self._running_order()
         speculator = self.speculator
         if speculator is not None and sum(s.num_uncomputed_tokens == 1 for s in order) > speculator.max_decodes:
@@ -173,7 +174,9 @@ class Scheduler:
                 continue
             if speculator is not None and num_new == 1:
                 draft = speculator.draft(seq, step=self.num_steps, budget=step.budget)
-                if draft and self._allocate(seq, 1 + len(draft)):
+                # a draft's blocks are free ones inside its tenant's KV quota, or there is no draft
+                if (draft and not self.fair.exceeds_quota(seq, self._num_new_blocks(seq, 1 + len(draft)))
+                        and self._allocate(seq, 1 + len(draft))):
                     self._enter(step, seq, 1 + len(draft), draft)
                     continue
             while not self._allocate(seq, num_new):

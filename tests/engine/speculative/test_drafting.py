@@ -113,3 +113,12 @@ def test_nobody_is_preempted_for_a_draft():
     sched, (a, b) = scheduler(2, num_blocks=4)  # 2 blocks each; a draft would need a third
     out = sched.schedule()
     assert [e.num_new_tokens for e in out.scheduled] == [1, 1] and not out.preempted
+
+
+def test_a_draft_never_takes_its_tenant_past_its_kv_quota():
+    sched, (s,) = scheduler(1)  # 31 tokens in 2 blocks: a draft of 4 needs a third
+    asked = []
+    sched.fair.exceeds_quota = lambda seq, num_new_blocks: asked.append(num_new_blocks) or num_new_blocks > 0
+    out = sched.schedule()
+    assert asked[-1] == 1 and [(e.num_new_tokens, e.draft) for e in out.scheduled] == [(1, [])]
+    assert len(s.block_table) == 2
