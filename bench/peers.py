@@ -28,7 +28,9 @@ one stream, one chat request per task at a time, greedy, ``--grounded-tokens`` a
 Pagoda as ``make run`` starts it (speculative decoding by prompt lookup on), a second Pagoda with
 ``speculative_tokens: 0``, and llama.cpp's one-slot server; alternated ``--repeats`` times. Reports
 each server's decode time per output token (first to last streamed token) and the speed-up of
-speculation on its own server; the two Pagodas' answers must be the same text.
+speculation on its own server; the two Pagodas' answers must be the same text. With grounded tasks
+the 1- and 32-stream runs time that second Pagoda too ("spec/no": speculation's ratio on
+bench/serve.py's chat prompts, whose answers copy little of them).
 
     .venv/bin/python bench/peers.py [--model PATH.gguf] [--repeats 2] [--max-tokens 128]
         [--requests-1 4] [--requests-32 32] [--streams 1,32] [--long 512,2048,6000]
@@ -318,12 +320,15 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{long_port}/health", services)
         wait_http(f"http://127.0.0.1:{llama_port}/health", services)
         wait_http(f"http://127.0.0.1:{pagoda_port}/readyz", services)
+        if tasks:  # the 1- and 32-stream runs time it too: speculation's cost where it cannot pay
+            servers["pagoda-no-spec"] = (f"http://127.0.0.1:{nospec_port}", key, services.procs[2].pid)
         idle = {name: rss_mib(pid) for name, (_, _, pid) in servers.items()}
         results: dict[tuple[str, int], list[dict]] = {}
         for repeat in range(1, args.repeats + 1):
             for concurrency in streams:
                 requests = args.requests_1 if concurrency == 1 else args.requests_32
-                for name, (url, server_key, pid) in servers.items():
+                order = list(servers.items()) if repeat % 2 else list(servers.items())[::-1]
+                for name, (url, server_key, pid) in order:  # alternated: neither always runs first
                     load = os.getloadavg()[0]
                     figures = run_client(url, server_key, concurrency, requests, args.max_tokens,
                                          slug, endpoint)
@@ -361,6 +366,9 @@ def main() -> int:
             print(f"{server + ' x' + str(concurrency):<14}" + "".join(f"{med[server][n]:>20.1f}" for n in names))
         print(f"{'ratio P/L x' + str(concurrency):<14}"
               + "".join(f"{med['pagoda'][n] / med['llama.cpp'][n]:>20.2f}" for n in names))
+        if "pagoda-no-spec" in med:
+            print(f"{'spec/no x' + str(concurrency):<14}"
+                  + "".join(f"{med['pagoda'][n] / med['pagoda-no-spec'][n]:>20.2f}" for n in names))
     print(f"at the end: {load_line()}")
     shutil.rmtree(root, ignore_errors=True)
     return 0
