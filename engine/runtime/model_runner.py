@@ -362,12 +362,9 @@ class ModelRunner:
             self.ranks.close()
             self.ranks = None
 
-    def _sampling_metadata(self, entries: list[ScheduledSequence],
-                           positions: list[int] | None = None) -> SamplingMetadata:
+    def _sampling_metadata(self, entries: list[ScheduledSequence], positions: list[int]) -> SamplingMetadata:
         """``entries``: one per sampled row; ``positions``: the position each row samples (a
         seeded row's noise comes from its seed and that position alone)."""
-        if positions is None:
-            positions = [e.seq.num_tokens for e in entries]
         params = [e.seq.params for e in entries]
         needs_history = any(p.has_penalties for p in params)
         suppress = []

@@ -32,20 +32,22 @@ def derive_seed(seed: int | None, index: int) -> int | None:
     """The seed of sample ``index`` of a request seeded with ``seed`` (None stays None)."""
     if seed is None or index == 0:
         return seed
-    h = xxhash.xxh3_64()
-    h.update(seed.to_bytes(16, "little", signed=True))
-    h.update(index.to_bytes(8, "little"))
-    return h.intdigest() % _SEED_SPACE
+    return _mix(seed, index)
 
 
 def position_seed(seed: int, position: int) -> int:
     """The seed of the noise a request seeded with ``seed`` samples its token at ``position`` with:
     a function of the two alone, so the token does not depend on how many were drawn before it
     (a speculative step draws for rows it then discards, engine/speculative/verify.py)."""
+    return _mix(seed, position, b"position")
+
+
+def _mix(seed: int, value: int, tag: bytes = b"") -> int:
+    """A seed from ``seed`` and a non-negative ``value`` (``tag`` keeps uses apart)."""
     h = xxhash.xxh3_64()
     h.update(seed.to_bytes(16, "little", signed=True))
-    h.update(position.to_bytes(8, "little"))
-    h.update(b"position")
+    h.update(value.to_bytes(8, "little"))
+    h.update(tag)
     return h.intdigest() % _SEED_SPACE
 
 

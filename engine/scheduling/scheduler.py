@@ -54,8 +54,9 @@ class ScheduledSequence:
     @property
     def input_token_ids(self) -> list[int]:
         """The ids fed this step: the sequence's tokens from ``start``, then the draft."""
-        end = self.start + self.num_new_tokens - len(self.draft)
-        return self.seq.token_ids[self.start:end] + self.draft if self.draft else self.seq.token_ids[self.start:end]
+        ids = self.seq.token_ids[self.start:self.start + self.num_new_tokens - len(self.draft)]
+        ids += self.draft  # onto the slice's own copy
+        return ids
 
 
 @dataclass
