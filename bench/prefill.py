@@ -6,7 +6,12 @@ as the scheduler chunks it (``max_num_batched_tokens``). transformers (fp32, the
 dequantized) reads the same tokens in one forward, its best case.
 
     .venv/bin/python bench/prefill.py [--tokens 1024 2048 5000] [--repeats 2] [--skip-transformers]
-        [--dense-rows N]
+        [--dense-rows N] [--attention-ab [--streams N]]
+
+``--attention-ab`` times the fused step's attention in float32 products against bf16 products
+(AVX512-BF16, a bf16 model and cache: engine/kernels/cpu/attention.c) in the same process,
+alternated per repeat, in place of transformers: ``--streams`` prompts of each length prefilled,
+then 32 decode steps.
 """
 
 from __future__ import annotations
@@ -59,6 +64,52 @@ def prefill_transformers(model, ids: list[int]) -> float:
         return time.perf_counter() - start
 
 
+def attention_ab(args) -> int:
+    """Each length with the fused step's attention in float32 and in bf16 products, alternated:
+    ``--streams`` prompts of that length prefilled (seconds to every first token), then 32 decode
+    steps (ms a step); medians, their ratio, and whether the tokens agreed."""
+    llm = LLM(args.model, enable_prefix_caching=False, speculative_tokens=0)
+    engine = llm.engine
+    fused = engine.runner.fused_decode
+    if fused is None or not fused.lib.pagoda_attention_bf16_products() or not fused.shape.bf16_products:
+        raise SystemExit("bf16 products do not run here: an AVX512-BF16 CPU, the fused step and a bf16 "
+                         "model and cache are needed")
+    print(f"{engine.config.max_num_batched_tokens} tokens a step at most, {engine.runner.dtype}, "
+          f"{torch.get_num_threads()} threads, {args.streams} stream(s), speculation off")
+    print(f"{'prompt tokens':>13}{'prefill f32 s':>15}{'bf16 s':>8}{'ratio':>7}"
+          f"{'decode f32 ms':>15}{'bf16 ms':>9}{'ratio':>7}{'same tokens':>13}")
+    for n in args.tokens:
+        ids = document_tokens(llm.tokenizer, n)
+        prefill: dict[int, list[float]] = {0: [], 1: []}
+        decode: dict[int, list[float]] = {0: [], 1: []}
+        tokens: dict[int, list] = {}
+        for _ in range(args.repeats):
+            for mode in (0, 1):
+                fused.shape.bf16_products = mode
+                params = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)
+                for i in range(args.streams):
+                    engine.add_request(f"ab-{mode}-{i}-{time.monotonic_ns()}", [ids[0] + i] + ids[1:], params)
+                outs: dict[str, list[int]] = {}
+                start = time.perf_counter()
+                while len(outs) < args.streams:
+                    for o in engine.step():
+                        outs.setdefault(o.request_id, []).extend(o.token_ids_delta)
+                prefill[mode].append(time.perf_counter() - start)
+                start, steps = time.perf_counter(), 0
+                while engine.has_unfinished_requests():
+                    for o in engine.step():
+                        outs.setdefault(o.request_id, []).extend(o.token_ids_delta)
+                    steps += 1
+                decode[mode].append((time.perf_counter() - start) / max(steps, 1) * 1e3)
+                tokens[mode] = [outs[k] for k in sorted(outs, key=lambda k: int(k.split("-")[2]))]
+        fused.shape.bf16_products = 1
+        p32, p16 = statistics.median(prefill[0]), statistics.median(prefill[1])
+        d32, d16 = statistics.median(decode[0]), statistics.median(decode[1])
+        print(f"{n:>13}{p32:>15.2f}{p16:>8.2f}{p32 / p16:>6.2f}x{d32:>15.2f}{d16:>9.2f}{d32 / d16:>6.2f}x"
+              f"{str(tokens[0] == tokens[1]):>13}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -67,7 +118,12 @@ def main() -> int:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--dense-rows", type=int, default=None,
                     help="the engine's quantization_dense_rows (default: its own, off)")
+    ap.add_argument("--attention-ab", action="store_true",
+                    help="float32 against bf16 products in the fused step's attention")
+    ap.add_argument("--streams", type=int, default=1, help="--attention-ab's prompts at once")
     args = ap.parse_args()
+    if args.attention_ab:
+        return attention_ab(args)
 
     # no prefix cache across repeats: each run reads its document from the first token
     settings = {} if args.dense_rows is None else {"quantization_dense_rows": args.dense_rows}

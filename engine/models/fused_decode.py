@@ -65,11 +65,20 @@ class FusedDecode:
             hidden=cfg.hidden_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, inter=cfg.intermediate_size, block_size=block_size, table_width=0,
             eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
-            kv_bf16=int(k_cache.dtype == torch.bfloat16), num_threads=0)
+            kv_bf16=int(k_cache.dtype == torch.bfloat16), num_threads=0,
+            bf16_products=int(self.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16))
         self.cos_sin = inner.rotary_emb.cos_sin_cache  # float32 [max_position, 2, D]
         self.embed = inner.embed_tokens
         self._work = torch.empty(0, dtype=torch.float32)
         self._scratch = torch.empty(0, dtype=torch.uint8)
+
+    def attention_arithmetic(self) -> str:
+        """'bf16 products' where a bf16 model's attention takes AVX512-BF16's (q and p rounded to
+        bf16, float32 sums; attention.c), else 'float32 products'."""
+        s = self.shape
+        if s.bf16_products and s.head_dim % 32 == 0 and self.lib.pagoda_attention_bf16_products():
+            return "bf16 products"
+        return "float32 products"
 
     @classmethod
     def build(cls, model: torch.nn.Module, kv_caches: list, block_size: int, *, use_triton: bool,
@@ -84,7 +93,8 @@ class FusedDecode:
             return None
         fused = cls(lib, model, kv_caches, block_size, dense_rows)
         logger.info("fused CPU decode step on: every layer of a step's decode rows in one native call, "
-                    "products on the %s path (%s=0 turns it off)", qmatmul.isa(), ENV)
+                    "products on the %s path, attention in %s (%s=0 turns it off)", qmatmul.isa(),
+                    fused.attention_arithmetic(), ENV)
         return fused
 
     @staticmethod

@@ -90,6 +90,18 @@ def tiny_qwen2_dir(tmp_path_factory, smollm2_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_d64_dir(tmp_path_factory, smollm2_tokenizer):
+    """The tiny Llama with heads of 64 dimensions (SmolLM2's), 2 query heads on each of 2 KV heads:
+    the head size the CPU attention's bf16 products take (a multiple of 32; the suite's tiny
+    Llama has 16)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = dict(TINY_LLAMA_SIZES, hidden_size=256, intermediate_size=256)
+    return _save_tiny(tmp_path_factory.mktemp("tiny_llama_d64"), LlamaForCausalLM,
+                      LlamaConfig(**sizes), smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama3_rope_dir(tmp_path_factory, smollm2_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 

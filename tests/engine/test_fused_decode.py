@@ -73,17 +73,18 @@ def _rows_by_length(seqs, hidden):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
-@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama_d64_dir"])
 def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, request):
     """GQA (4 query heads on 2 KV heads), Qwen2's Q/K/V bias, several sequences of different
-    lengths in scattered blocks; float32 and bf16 activations and caches."""
+    lengths in scattered blocks; float32 and bf16 activations and caches; heads of 16 and of 64
+    dimensions (where the CPU has AVX512-BF16, a bf16 cache's attention takes bf16 products)."""
     runner = _runner(request.getfixturevalue(checkpoint), dtype)
     assert runner.fused_decode is not None
     seqs = _sequences()
     _prefill(runner, seqs)
     reference = _decode(runner, seqs, fused=False).float()
     got = _decode(runner, seqs).float()
-    assert got.shape == reference.shape == (3, 64)
+    assert got.shape == reference.shape == (3, runner.model_config.hidden_size)
     assert got.dtype == reference.dtype
     for row in range(3):
         error = (got[row] - reference[row]).norm() / reference[row].norm()
@@ -116,9 +117,10 @@ MANY = (5, 9, 40, 12, 33, 7, 2, 25, 18, 30, 3, 44, 11, 20, 6, 15, 28, 9, 4, 35)
 @pytest.mark.slow
 @pytest.mark.parametrize("lengths", [(5, 37, 70, 18), MANY], ids=["4 rows", "20 rows"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(tiny_llama_dir, dtype,
-                                                                               lengths):
-    runner = _runner(tiny_llama_dir, dtype)
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_llama_d64_dir"])
+def test_a_sequences_fused_step_does_not_depend_on_its_batch_threads_or_blocks(checkpoint, dtype,
+                                                                               lengths, request):
+    runner = _runner(request.getfixturevalue(checkpoint), dtype)
     seqs = _sequences(lengths=lengths)
     _prefill(runner, seqs)
     together = _rows_by_length(seqs, _decode(runner, seqs))
@@ -172,11 +174,14 @@ def test_the_fused_step_stays_off_where_it_does_not_apply(tiny_llama_dir, monkey
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_prompt_chunks_rows_are_each_the_bits_of_that_token_decoded_alone(tiny_llama_dir, dtype):
-    """The batch-invariant prefill: a chunk's rows run together (pg_attend_rows widens each block's
-    K/V once for up to PG_ROW_GROUP of them, rows of other sequences beside) give each row the
-    hidden state that token gets as a lone decode step over the same cache."""
-    runner = _runner(tiny_llama_dir, dtype)
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_llama_d64_dir"])
+def test_a_prompt_chunks_rows_are_each_the_bits_of_that_token_decoded_alone(checkpoint, dtype, request):
+    """The batch-invariant prefill: a chunk's rows run together (pg_attend_rows prepares each
+    block's K/V once for up to PG_ROW_GROUP of them, rows of other sequences beside) give each row
+    the hidden state that token gets as a lone decode step over the same cache. With heads of 64
+    and a bf16 cache on an AVX512-BF16 CPU, both sides take the bf16 products: K transposed and V
+    paired once for the rows, read in place for the lone decode."""
+    runner = _runner(request.getfixturevalue(checkpoint), dtype)
     seqs = _sequences(lengths=(70, 9, 37))
     entries = [_entry(t, b, 0, len(t)) for t, b in seqs] + [_entry(seqs[1][0], seqs[1][1], 8, 1)]
     entries[1] = _entry(seqs[1][0], seqs[1][1], 0, 8)  # and a decode row after the chunks
@@ -189,3 +194,29 @@ def test_a_prompt_chunks_rows_are_each_the_bits_of_that_token_decoded_alone(tiny
         tokens, blocks = seqs[s]
         alone = _decode(runner, [(tokens[:p + 1], blocks)])[0]
         assert torch.equal(alone, hidden), f"sequence {s}, position {p}"
+
+
+@pytest.mark.slow
+def test_a_bf16_models_attention_takes_bf16_products_where_the_cpu_has_them(tiny_llama_d64_dir):
+    """AVX512-BF16, a bf16 model and pool, heads of 64: attention's products in bf16 (q and p
+    rounded, float32 sums). They change the bits (the switch is on) and stay within bf16's rounding
+    of the float32 products; a float32 model keeps float32 products."""
+    assert _runner(tiny_llama_d64_dir, "float32").fused_decode.attention_arithmetic() == "float32 products"
+    runner = _runner(tiny_llama_d64_dir, "bfloat16")
+    fused = runner.fused_decode
+    if not fused.lib.pagoda_attention_bf16_products():
+        assert fused.attention_arithmetic() == "float32 products"
+        pytest.skip("no AVX512-BF16 on this CPU: float32 products only")
+    assert fused.attention_arithmetic() == "bf16 products"
+    seqs = _sequences(lengths=(5, 37, 70, 150))
+    _prefill(runner, seqs)
+    bf16 = _decode(runner, seqs).float()
+    fused.shape.bf16_products = 0
+    try:
+        f32 = _decode(runner, seqs).float()
+    finally:
+        fused.shape.bf16_products = 1
+    assert not torch.equal(bf16, f32)
+    for row in range(len(seqs)):
+        error = (bf16[row] - f32[row]).norm() / f32[row].norm()
+        assert error < 2e-2, f"row {row}: relative error {error:.2e}"

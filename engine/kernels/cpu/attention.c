@@ -1,6 +1,7 @@
 /* The decode step's attention (decode_step.c's header): a work item's query heads over their
    sequence's cached tokens in the paged K/V pool, softmax(q K^T) V a block of the table at a time
-   (online softmax), each head in one thread with its own arithmetic in a fixed order. */
+   (online softmax), each head in one thread with its own arithmetic in a fixed order: float32
+   products, or with a bf16 model and pool on an AVX512-BF16 CPU bf16 products (PG_BF16_DOTS). */
 
 #include "pagoda_kernels.h"
 
@@ -59,6 +60,23 @@ static inline __attribute__((always_inline)) float dot(const float *q, const flo
 }
 
 #if defined(__AVX512F__)
+/* The 16 tokens' dots from their part vectors, slot sigma(j) holding token j's (see scores16): each
+   token's lanes added in dot()'s own pairs (lane l with l + 8, l + 4, l + 2, l + 1), lanes
+   exchanged between the vectors so that every addition serves 16 tokens. */
+static inline __attribute__((always_inline)) __m512 lane_sums16(const __m512 *p) {
+    __m512 a[8], b[4], c[2];
+    for (int t = 0; t < 8; t++) /* [lanes 0-7 of slot t + lanes 8-15 | the same of slot t + 8] */
+        a[t] = _mm512_add_ps(_mm512_shuffle_f32x4(p[t], p[t + 8], 0x44),
+                             _mm512_shuffle_f32x4(p[t], p[t + 8], 0xee));
+    for (int t = 0; t < 4; t++) /* quarters: lanes 0-3 + 4-7 of slots t, t + 8, t + 4, t + 12 */
+        b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[t], a[t + 4], 0x88),
+                             _mm512_shuffle_f32x4(a[t], a[t + 4], 0xdd));
+    for (int t = 0; t < 2; t++) /* within each quarter: lanes 0-1 + 2-3 */
+        c[t] = _mm512_add_ps(_mm512_shuffle_ps(b[t], b[t + 2], 0x44),
+                             _mm512_shuffle_ps(b[t], b[t + 2], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xdd));
+}
+
 /* scores[g * bs + j] = dot(q_g, k_j) for the n (at most 16) K rows from kb (row stride rstride
    bytes), each dot's 16 partial sums formed as dot() forms them and then added in dot()'s own
    pairs (lane l with l + 8, l + 4, l + 2, l + 1) for 16 tokens at once: lanes of 16 part vectors
@@ -88,22 +106,7 @@ static inline __attribute__((always_inline)) void scores16(const float *q, int64
         }
     }
     const __mmask16 keep = (__mmask16)((1u << n) - 1u);
-    for (int64_t g = 0; g < nh; g++) {
-        const __m512 *p = part[g];
-        __m512 a[8], b[4], c[2];
-        for (int t = 0; t < 8; t++) /* [lanes 0-7 of slot t + lanes 8-15 | the same of slot t + 8] */
-            a[t] = _mm512_add_ps(_mm512_shuffle_f32x4(p[t], p[t + 8], 0x44),
-                                 _mm512_shuffle_f32x4(p[t], p[t + 8], 0xee));
-        for (int t = 0; t < 4; t++) /* quarters: lanes 0-3 + 4-7 of slots t, t + 8, t + 4, t + 12 */
-            b[t] = _mm512_add_ps(_mm512_shuffle_f32x4(a[t], a[t + 4], 0x88),
-                                 _mm512_shuffle_f32x4(a[t], a[t + 4], 0xdd));
-        for (int t = 0; t < 2; t++) /* within each quarter: lanes 0-1 + 2-3 */
-            c[t] = _mm512_add_ps(_mm512_shuffle_ps(b[t], b[t + 2], 0x44),
-                                 _mm512_shuffle_ps(b[t], b[t + 2], 0xee));
-        const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
-                                         _mm512_shuffle_ps(c[0], c[1], 0xdd));
-        _mm512_mask_storeu_ps(scores + g * bs, keep, sum);
-    }
+    for (int64_t g = 0; g < nh; g++) _mm512_mask_storeu_ps(scores + g * bs, keep, lane_sums16(part[g]));
 }
 #else
 /* AVX2: scores[g * bs + j] = dot(q_g, k_j) for the n (at most 8) K rows from kb, 8 tokens at
@@ -218,6 +221,49 @@ static inline __attribute__((always_inline)) void accumulate_v16(float *acc, con
 }
 #endif
 
+/* The online softmax's step over one block for each of heads heads: the block's maximum (what came
+   before rescaled when it is higher), scores turned into exp(score - max) in place, and their sum
+   added to total. */
+static inline __attribute__((always_inline)) void softmax_block(float *scores, int64_t heads, int64_t n,
+                                                                int64_t bs, float *acc, float *mx,
+                                                                float *total, const int64_t D) {
+    for (int64_t g = 0; g < heads; g++) {
+        float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : bmax)
+        for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
+        if (bmax > mx[g]) { /* rescale what came before to the new maximum */
+            const float r = pg_exp(mx[g] - bmax);
+            total[g] *= r;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
+            mx[g] = bmax;
+        }
+        const float m = mx[g];
+        int64_t j = 0;
+#if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
+        __m256 lanes = _mm256_setzero_ps();
+        for (; j + 8 <= n; j += 8) {
+            const __m256 e = pg_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m)));
+            _mm256_storeu_ps(sg + j, e);
+            lanes = _mm256_add_ps(lanes, e);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
+        for (int64_t t = j; t < n; t++) {
+            sg[t] = pg_exp(sg[t] - m);
+            sum += sg[t];
+        }
+        total[g] += sum;
+    }
+}
+
+/* bf16 products (AVX512-BF16): PG_BF16_DOTS and attend_block_bf16, over lane_sums16 and
+   softmax_block's conventions above. */
+#include "attention_bf16.h"
+
 /* A work item's query heads: nh (at most PG_MAX_GROUP) of each of the nkv KV heads from kvh0,
    q [nkv * nh, D] (already scaled; KV head kvh0 + i's heads are rows i * nh ...), over their
    sequence's ctx cached tokens: softmax(q K^T) V into out [nkv * nh, D], a block of the table at a
@@ -261,37 +307,7 @@ attend_block(const float *q, int64_t nkv, int64_t nh, const char *kb, const char
             for (int64_t g = 0; g < nh; g++) si[g * bs + j] = dot(qi + g * D, k, D);
         }
     }
-    for (int64_t g = 0; g < heads; g++) {
-        float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : bmax)
-        for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
-        if (bmax > mx[g]) { /* rescale what came before to the new maximum */
-            const float r = pg_exp(mx[g] - bmax);
-            total[g] *= r;
-#pragma omp simd
-            for (int64_t i = 0; i < D; i++) acc[g * D + i] *= r;
-            mx[g] = bmax;
-        }
-        const float m = mx[g];
-        int64_t j = 0;
-#if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
-        __m256 lanes = _mm256_setzero_ps();
-        for (; j + 8 <= n; j += 8) {
-            const __m256 e = pg_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m)));
-            _mm256_storeu_ps(sg + j, e);
-            lanes = _mm256_add_ps(lanes, e);
-        }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
-#pragma omp simd reduction(+ : sum) /* the block's sum in vector lanes, not one long chain */
-        for (int64_t t = j; t < n; t++) {
-            sg[t] = pg_exp(sg[t] - m);
-            sum += sg[t];
-        }
-        total[g] += sum;
-    }
+    softmax_block(scores, heads, n, bs, acc, mx, total, D);
 #if defined(__AVX512F__)
 #define PG_ACCUMULATE_V accumulate_v16
 #else
@@ -337,6 +353,22 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
         mx[g] = -INFINITY, total[g] = 0.0f;
         for (int64_t i = 0; i < D; i++) acc[g * D + i] = 0.0f;
     }
+#if defined(PG_BF16_DOTS)
+    if (bf16_dots(s)) {
+        uint16_t qb[PG_ITEM_FLOATS], pb[PG_MAX_ITEM_HEADS * (256 + 16)];
+        const int64_t pbs = (bs + 15) / 16 * 16;
+        round_bf16(q, heads * D, qb);
+        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
+            const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
+            const int64_t base = (int64_t)table[t0 / bs] * bs;
+            const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * 2;
+            const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * 2;
+            attend_block_bf16(qb, nkv, nh, kb, NULL, 0, vb, NULL, 0, rbytes, n, bs, scores, pb, pbs, acc,
+                              mx, total, D);
+        }
+        ctx = 0; /* done: the loop below has nothing left */
+    }
+#endif
     for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
         const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
         const int64_t base = (int64_t)table[t0 / bs] * bs;
@@ -362,8 +394,10 @@ static void attend(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const 
    each row's ctx its own), every head of each, into att: for each block, its K and V rows widened to
    float32 once (exactly: a bf16 value is a float32 one) and then each row's attend_block over them
    as attend_heads would run it, so a row's bits are those it gets alone. Widening once for the rows
-   instead of once per row is what a long prompt's attention was spent on. Work memory from malloc
-   (the rows' accumulators); on failure each row goes alone. */
+   instead of once per row is what a long prompt's attention was spent on. With bf16 products
+   (bf16_dots) a block's K rows are transposed and its V rows paired once for the rows instead, the
+   same bits as a row's attend_heads reading them in place. Work memory from malloc (the rows'
+   accumulators); on failure each row goes alone. */
 void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, const pg_layer *L,
                     const pg_shape *s, const int32_t *tables, const int32_t *ctx, float *att) {
     const int64_t H = s->heads, KVH = s->kv_heads, D = s->head_dim, group = H / KVH;
@@ -386,6 +420,52 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
         for (int64_t i = 0; i < H * D; i++) q[i] = src[i] * s->scale, acc[i] = 0.0f;
         for (int64_t g = 0; g < H; g++) mx[g] = -INFINITY, total[g] = 0.0f;
     }
+#if defined(PG_BF16_DOTS)
+    /* bf16 products: each block's K transposed and V paired once for the rows (K and V stay bf16) */
+    const int64_t kts = (bs + 15) / 16 * 16 * D / 2, vts = (bs + 1) / 2 * D * 2, pbs = (bs + 15) / 16 * 16;
+    void *bmem = bf16_dots(s)
+                     ? malloc(sizeof(uint32_t) * KVH * kts + sizeof(uint16_t) * (KVH * vts + count * H * D + H * pbs))
+                     : NULL;
+    if (bmem != NULL) {
+        uint32_t *kt = bmem;
+        uint16_t *vt = (uint16_t *)(kt + KVH * kts), *qb = vt + KVH * vts, *pb = qb + count * H * D;
+        for (int64_t r = 0; r < count; r++) round_bf16(mem + r * per_row, H * D, qb + r * H * D);
+        for (int64_t t0 = 0; t0 < last; t0 += bs) {
+            const int64_t n_all = last - t0 < bs ? last - t0 : bs;
+            const int64_t base = (int64_t)table[t0 / bs] * bs;
+            const char *kb = (const char *)L->k_cache + base * row * 2;
+            const char *vb = (const char *)L->v_cache + base * row * 2;
+            for (int64_t i = 0; i < KVH; i++) {
+                for (int64_t j0 = 0; j0 < n_all; j0 += 16)
+                    transpose_k16(kb + i * D * 2 + j0 * row * 2, row * 2, n_all - j0 < 16 ? n_all - j0 : 16,
+                                  kt + i * kts + j0 * D / 2, D);
+                pair_v(vb + i * D * 2, row * 2, n_all, vt + i * vts, D);
+            }
+            for (int64_t r = 0; r < count; r++) {
+                const int64_t c = ctx[b0 + r];
+                if (t0 >= c) continue;
+                float *acc = mem + r * per_row + H * D, *mx = acc + H * D, *total = mx + H;
+                const int64_t n = c - t0 < bs ? c - t0 : bs;
+                if (D == 64)
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
+                                      pb, pbs, acc, mx, total, 64);
+                else if (D == 128)
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
+                                      pb, pbs, acc, mx, total, 128);
+                else
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
+                                      pb, pbs, acc, mx, total, D);
+            }
+        }
+        free(bmem);
+        last = 0; /* done: the loop below has nothing left */
+    } else if (bf16_dots(s)) { /* no memory: each row alone, as a decode */
+        free(mem);
+        const pg_items alone = {.kv_items = 1, .chunks = 1, .chunk_heads = group};
+        for (int64_t r = 0; r < count; r++) pg_attend_item(b0 + r, &alone, qkv, qkv_n, L, s, tables, ctx, att);
+        return;
+    }
+#endif
     for (int64_t t0 = 0; t0 < last; t0 += bs) {
         const int64_t n_all = last - t0 < bs ? last - t0 : bs;
         const int64_t base = (int64_t)table[t0 / bs] * bs;
@@ -436,3 +516,13 @@ void pg_attend_item(int64_t item, const pg_items *it, const float *qkv, int64_t 
            att + b * s->heads * D + h0 * D);
 }
 #endif
+
+/* 1 where a step given pg_shape.bf16_products (a bf16 pool, D a multiple of 32) takes attention's bf16
+   products: built for a CPU with AVX512-BF16. */
+int pagoda_attention_bf16_products(void) {
+#if defined(PG_BF16_DOTS)
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -33,7 +33,8 @@ class Shape(ctypes.Structure):
     """pg_shape: the model's sizes and the step's table width and threads."""
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("inter", _i64), ("block_size", _i64), ("table_width", _i64), ("eps", _f32),
-                ("scale", _f32), ("kv_bf16", _i64), ("num_threads", _i64)]
+                ("scale", _f32), ("kv_bf16", _i64), ("num_threads", _i64),
+                ("bf16_products", _i64)]
 
 
 _ref = ctypes.POINTER
@@ -47,6 +48,7 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "pagoda_q4_matmul": ([_p, _i64, _i64, _i64, _i32, _p, _p, _p, _i64, _p, _p, _i64, _i32, _p, _i32], None),
     "pagoda_q8_matmul": ([_p, _i64, _i64, _i64, _i32, _p, _p, _i64, _p, _p, _i64, _i32, _p, _i32], None),
     "pagoda_decode_max_head_dim": ([], _i64),
+    "pagoda_attention_bf16_products": ([], _i32),
     "pagoda_decode_max_block_size": ([], _i64),
     "pagoda_decode_work_floats": ([_ref(Shape), _i64], _i64),
     "pagoda_decode_scratch_bytes": ([_ref(Shape), _i64], _i64),

@@ -6,7 +6,7 @@
    Files: qmatmul.c (the products' layouts and entry points), products.c (a product's work on
    each thread of a team: activation rounding, the VNNI / AVX2 tiles, the split of the weight
    groups), amx_tiles.c (AMX tiles and the AMX switch), attention.c (the decode step's
-   attention), decode_step.c (the step driver). Built with -fvisibility=hidden: only PAGODA_API
+   attention; attention_bf16.h, included by it, its bf16 products), decode_step.c (the step driver). Built with -fvisibility=hidden: only PAGODA_API
    names leave the library. */
 
 #ifndef PAGODA_KERNELS_H
@@ -38,6 +38,7 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter, block_size, table_width;
     float eps, scale;
     int64_t kv_bf16, num_threads;
+    int64_t bf16_products; /* attention in bf16 products where the build has them (attention.c) */
 } pg_shape;
 
 /* Entry points (the same in every build: without AVX2/FMA/F16C they do nothing and
@@ -56,6 +57,7 @@ PAGODA_API void pagoda_q8_matmul(const void *x, int64_t M, int64_t K, int64_t ld
                                  const float *bias, void *y, int64_t ldy, int y_bf16,
                                  uint8_t *scratch, int num_threads);
 PAGODA_API int64_t pagoda_decode_max_head_dim(void);
+PAGODA_API int pagoda_attention_bf16_products(void);
 PAGODA_API int64_t pagoda_decode_max_block_size(void);
 PAGODA_API int64_t pagoda_decode_work_floats(const pg_shape *s, int64_t B);
 PAGODA_API int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B);
