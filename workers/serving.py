@@ -28,6 +28,19 @@ from workers.embedding_worker import worker_class
 from workers.engine_worker import EngineWorker
 from workers.transport import TransportUnreachable
 
+# In embedded mode an engine worker is a thread of the web process, and so are the OpenMP threads
+# of its native kernels, which it starts and which inherit its nice value. At a lower priority
+# the engine takes what the web thread (HTTP, streaming, the database) leaves of the CPU, instead
+# of the web thread waiting for a time slice behind two busy kernel threads: a newcomer's time to
+# first token under another user's flood of 200 streams, p50 110-116 ms at 0 and 74-83 ms at 5,
+# the flood's tokens/s the same (bench/fair_share.py, docs/performance.md). 0 turns it off.
+def embedded_engine_nice() -> int:
+    """PAGODA_EMBEDDED_ENGINE_NICE (default 5), 0 to 19; ValueError names a bad one."""
+    raw = os.environ.get("PAGODA_EMBEDDED_ENGINE_NICE", "5").strip()
+    if not raw.isdigit() or int(raw) > 19:
+        raise ValueError(f"PAGODA_EMBEDDED_ENGINE_NICE must be a whole number from 0 to 19, not {raw!r}")
+    return int(raw)
+
 logger = logging.getLogger(__name__)
 
 
@@ -59,6 +72,7 @@ class ModelServer:
         # None: the deployment's serving.drain_timeout_s (pagoda.yaml / PAGODA_DRAIN_TIMEOUT),
         # read at the first serve(); an activation's hand-over drains by it as a shutdown does.
         self.model, self.redis_url, self.drain_timeout = model, redis_url, drain_timeout
+        self.nice = embedded_engine_nice() if redis_url is None else 0  # its worker threads' nice value
         self._lock = threading.Lock()
         self._workers: list[_Running] = []  # in start order; ended ones pruned by serve()
         self._current: _Running | None = None  # the newest, what serve() was last given
@@ -171,6 +185,8 @@ class ModelServer:
 
     def _run(self, entry: _Running) -> None:
         worker = entry.worker
+        if self.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         try:
             entry.result = worker.run()
         except Exception:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from workers import embedded
 from workers.connect import get_engine_client
 from workers.protocol import GenerateRequest, Reply
 from workers.redis_transport import RedisEngineClient, reply_stream
-from workers.serving import ModelServer, ServeSpec, follow_active_version
+from workers.serving import ModelServer, ServeSpec, embedded_engine_nice, follow_active_version
 
 PROMPT = [11, 12, 13]
 SETTINGS = {"num_kv_blocks": 64, "max_model_len": 256, "max_num_seqs": 4}
@@ -64,6 +65,47 @@ def test_embedded_a_new_version_takes_over_and_the_old_worker_leaves(client, tin
     while len(client.live_workers("tiny-swap")) > 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [w.version for w in client.live_workers("tiny-swap")] == ["v2"]
+
+
+# ------------------------------------------------------------------ the web thread first
+def _thread_nices() -> dict[int, int]:
+    return {int(tid): os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_an_embedded_worker_and_the_kernel_threads_it_starts_run_below_the_web_thread(
+        client, tiny_llama_dir, tiny_settings, monkeypatch):
+    """In embedded mode the engine worker is a thread of the web process: it and the threads its
+    kernels start (they inherit its nice value) yield the CPU to the web thread."""
+    monkeypatch.setenv("PAGODA_EMBEDDED_ENGINE_NICE", "7")
+    before = _thread_nices()
+    embedded.start_embedded_worker("tiny-nice", "v1", str(tiny_llama_dir), tiny_settings)
+    assert embedded.wait_for_embedded_worker("tiny-nice", timeout=60)
+    chunks = [chunk async for chunk in client.generate(request("tiny-nice", 8))]
+    assert chunks[-1].error is None and chunks[-1].num_output_tokens == 8
+    new = {tid: nice for tid, nice in _thread_nices().items() if tid not in before}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # this thread: the web's
+    at_7 = [tid for tid, nice in new.items() if nice == 7]
+    assert at_7, f"no thread at nice 7 among the worker's: {new}"
+    import torch
+    if torch.get_num_threads() > 1:  # the worker's OpenMP team: its own thread and the others
+        assert len(at_7) >= torch.get_num_threads(), new
+
+
+def test_the_embedded_engines_nice_value_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("PAGODA_EMBEDDED_ENGINE_NICE", raising=False)
+    assert embedded_engine_nice() == 5
+    for raw, value in (("0", 0), ("19", 19), (" 3 ", 3)):
+        monkeypatch.setenv("PAGODA_EMBEDDED_ENGINE_NICE", raw)
+        assert embedded_engine_nice() == value
+    for raw in ("-1", "20", "five", ""):
+        monkeypatch.setenv("PAGODA_EMBEDDED_ENGINE_NICE", raw)
+        with pytest.raises(ValueError, match="PAGODA_EMBEDDED_ENGINE_NICE must be a whole number"):
+            embedded_engine_nice()
+    monkeypatch.setenv("PAGODA_EMBEDDED_ENGINE_NICE", "5")
+    assert ModelServer("m", redis_url=None).nice == 5
+    assert ModelServer("m", redis_url="redis://127.0.0.1:1/0").nice == 0  # its own process
 
 
 @pytest.mark.e2e

@@ -4,6 +4,8 @@ Generation requests past this process's capacity are refused before Django (weba
 Under Daphne, SIGTERM/SIGINT drains running requests before the process exits (webapp/config/shutdown.py).
 """
 
+import atexit
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -36,3 +38,8 @@ application = ProtocolTypeRouter(
 )
 
 drain_on_server_shutdown()
+
+# What is loaded by now lives as long as the process: out of the garbage collector's full scans
+# (an engine worker freezes its loaded model the same way: workers/engine_worker.py's freeze_heap).
+gc.freeze()
+atexit.register(gc.unfreeze)  # collected at exit as before
