@@ -356,6 +356,7 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
 #if defined(PG_BF16_DOTS)
     if (bf16_dots(s)) {
         uint16_t qb[PG_ITEM_FLOATS], pb[PG_MAX_ITEM_HEADS * (256 + 16)];
+        float tv[PG_MAX_ITEM_HEADS * 16] = {0.0f};
         const int64_t pbs = (bs + 15) / 16 * 16;
         round_bf16(q, heads * D, qb);
         for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
@@ -364,8 +365,9 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
             const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * 2;
             const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * 2;
             attend_block_bf16(qb, nkv, nh, kb, NULL, 0, vb, NULL, 0, rbytes, n, bs, scores, pb, pbs, acc,
-                              mx, total, D);
+                              mx, tv, D);
         }
+        for (int64_t g = 0; g < heads; g++) total[g] = total_of(tv + g * 16);
         ctx = 0; /* done: the loop below has nothing left */
     }
 #endif
@@ -424,10 +426,12 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
     /* bf16 products: each block's K transposed and V paired once for the rows (K and V stay bf16) */
     const int64_t kts = (bs + 15) / 16 * 16 * D / 2, vts = (bs + 1) / 2 * D * 2, pbs = (bs + 15) / 16 * 16;
     void *bmem = bf16_dots(s)
-                     ? malloc(sizeof(uint32_t) * KVH * kts + sizeof(uint16_t) * (KVH * vts + count * H * D + H * pbs))
+                     ? calloc(1, sizeof(float) * count * H * 16 + sizeof(uint32_t) * KVH * kts +
+                                    sizeof(uint16_t) * (KVH * vts + count * H * D + H * pbs))
                      : NULL;
     if (bmem != NULL) {
-        uint32_t *kt = bmem;
+        float *tvs = bmem; /* each row's heads' 16 lanes of softmax sums */
+        uint32_t *kt = (uint32_t *)(tvs + count * H * 16);
         uint16_t *vt = (uint16_t *)(kt + KVH * kts), *qb = vt + KVH * vts, *pb = qb + count * H * D;
         for (int64_t r = 0; r < count; r++) round_bf16(mem + r * per_row, H * D, qb + r * H * D);
         for (int64_t t0 = 0; t0 < last; t0 += bs) {
@@ -444,18 +448,22 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
             for (int64_t r = 0; r < count; r++) {
                 const int64_t c = ctx[b0 + r];
                 if (t0 >= c) continue;
-                float *acc = mem + r * per_row + H * D, *mx = acc + H * D, *total = mx + H;
+                float *acc = mem + r * per_row + H * D, *mx = acc + H * D, *tv = tvs + r * H * 16;
                 const int64_t n = c - t0 < bs ? c - t0 : bs;
                 if (D == 64)
                     attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, total, 64);
+                                      pb, pbs, acc, mx, tv, 64);
                 else if (D == 128)
                     attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, total, 128);
+                                      pb, pbs, acc, mx, tv, 128);
                 else
                     attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, total, D);
+                                      pb, pbs, acc, mx, tv, D);
             }
+        }
+        for (int64_t r = 0; r < count; r++) {
+            float *total = mem + r * per_row + 2 * H * D + H;
+            for (int64_t g = 0; g < H; g++) total[g] = total_of(tvs + (r * H + g) * 16);
         }
         free(bmem);
         last = 0; /* done: the loop below has nothing left */
