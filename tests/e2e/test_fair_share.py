@@ -107,9 +107,19 @@ async def idle_and_flooded(site, model: str) -> tuple[float, float]:
 
 
 def test_a_flood_of_one_user_leaves_another_users_time_to_first_token_within_2x_of_idle(site):
-    idle, flooded = asyncio.run(idle_and_flooded(site, "fair"))
-    print(f"\nfair share: B's TTFT idle {1000 * idle:.0f} ms, under A's flood {1000 * flooded:.0f} ms")
-    assert flooded <= 2 * idle, (idle, flooded)
+    """Up to three tries, each idle then flooded: under `make test`'s two workers the other one's
+    load can land on the flooded half only (2026-12-06: 27 ms idle, 56 ms flooded, twice in a row;
+    alone 28 and 29 ms). Without fair share B waits 1-1.3 s (the test below): every try fails."""
+    tries = []
+    for attempt in range(3):
+        if attempt:
+            time.sleep(2)  # the cancelled flood's streams end first
+        idle, flooded = asyncio.run(idle_and_flooded(site, "fair"))
+        tries.append((round(idle, 4), round(flooded, 4)))
+        print(f"\nfair share: B's TTFT idle {1000 * idle:.0f} ms, under A's flood {1000 * flooded:.0f} ms")
+        if flooded <= 2 * idle:
+            break
+    assert any(flooded <= 2 * idle for idle, flooded in tries), tries
 
 
 def test_first_come_first_served_the_same_request_waits_for_the_flood(site):
