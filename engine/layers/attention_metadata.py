@@ -76,4 +76,5 @@ class AttentionMetadata:
         (engine/models/fused_decode.py): the same prefills, no decodes."""
         return AttentionMetadata(slot_mapping=self.slot_mapping[:self.num_prefill_tokens],
                                  num_prefill_tokens=self.num_prefill_tokens, num_decode_tokens=0,
-                                 prefills=self.prefills, workspace=self.workspace)
+                                 prefills=self.prefills, workspace=self.workspace,
+                                 window=None if self.window is None else self.window.prefill_part())

@@ -7,12 +7,14 @@ weights, norms and KV pool, and then runs every decode row of a step, all layers
 with one OpenMP region. Prefill rows keep the torch path (their products are GEMMs; the C step
 is for single tokens).
 
-It applies where every projection runs the engine's own int4 kernel (``Int4WeightOnlyLinear``
-with ``native``: a GGUF's Q4 blocks or ``quantization="int4"`` on an AVX2 CPU), the cache is a plain
-bf16 or float32 pool (not 8-bit), there is no tensor parallelism and no Triton; else ``build``
-returns None and the torch path runs, unchanged. So it does for a family whose layer is not the
-plain Llama layer (``fused_decode_layers`` false: Qwen3's Q/K norms, sliding windows, Gemma 3);
-every RoPE scaling is in the one table it reads. ``PAGODA_FUSED_DECODE=0`` turns it off.
+It applies where every projection runs one of the engine's own kernels (``Int4WeightOnlyLinear``
+or ``Int8WeightOnlyLinear`` with ``native``: a GGUF's blocks, ``quantization="int4"`` on an AVX2
+CPU), the cache is a plain bf16 or float32 pool (not 8-bit), there is no tensor parallelism and
+no Triton; else ``build`` returns None and the torch path runs, unchanged. The layers it computes
+are the Llama layer and what Qwen3 (Q/K norms), Phi-3 and Mistral (a sliding window) and Gemma 3
+(Gemma's norms around each sublayer, GeGLU, a RoPE table per layer, sliding-window layers over a
+pool of their own) add to it; every RoPE scaling is in the tables it reads. A family with experts
+(Qwen3-MoE, Mixtral) keeps the torch path. ``PAGODA_FUSED_DECODE=0`` turns it off.
 It knows no LoRA: a step with any row under an adapter is declined (``takes``) and runs the torch
 path, whose projections carry the batched LoRA product (engine/lora/); a base-only step runs here.
 
@@ -27,14 +29,18 @@ import logging
 
 import torch
 
+from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.attention_metadata import AttentionMetadata
+from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
+from engine.quantization.int8 import Int8WeightOnlyLinear
 
 logger = logging.getLogger(__name__)
 
 ENV = "PAGODA_FUSED_DECODE"
 KEPT_ROWS = 256  # steps of at most this many rows reuse one work area (decodes, short prompts)
+ACTIVATIONS = {SiluAndMul: 0, GeluAndMul: 1}  # pg_shape.gelu
 
 
 def enabled() -> bool:
@@ -51,24 +57,39 @@ class FusedDecode:
         self.dense_rows = dense_rows
         self._keep: list[torch.Tensor] = []  # float32 norms and biases the structs point into
         layers = (decode_step.Layer * len(inner.layers))()
+        tables = []  # each layer's RoPE table, float32 [max_position, 2, D]
         for layer, kv, out in zip(inner.layers, kv_caches, layers):
             attn, mlp = layer.self_attn, layer.mlp
-            out.in_norm = self._fp32(layer.input_layernorm.weight)
-            out.post_norm = self._fp32(layer.post_attention_layernorm.weight)
+            out.in_norm = self._norm(layer.input_layernorm)
+            if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma: a norm on each sublayer's output
+                out.post_norm = self._norm(layer.pre_feedforward_layernorm)
+                out.attn_out_norm = self._norm(layer.post_attention_layernorm)
+                out.mlp_out_norm = self._norm(layer.post_feedforward_layernorm)
+            else:
+                out.post_norm = self._norm(layer.post_attention_layernorm)
+            if attn.q_norm is not None:
+                out.q_norm, out.k_norm = self._norm(attn.q_norm), self._norm(attn.k_norm)
             out.qkv, out.o = self._proj(attn.qkv_proj), self._proj(attn.o_proj)
             out.gate_up, out.down = self._proj(mlp.gate_up_proj), self._proj(mlp.down_proj)
             out.k_cache, out.v_cache = kv[0].data_ptr(), kv[1].data_ptr()
+            tables.append(attn.rotary_emb.cos_sin_cache)
+            out.cos_sin = tables[-1].data_ptr()
+            out.window = attn.attn.sliding_window or 0
         self.layers, self.kv_caches = layers, kv_caches  # the pool stays alive with the structs
-        self.final_norm = self._fp32(inner.norm.weight)
+        self.rope_tables = tables
+        self.max_position = min(t.shape[0] for t in tables)
+        self.windowed = any(layer.window for layer in layers)
+        self.final_norm = self._norm(inner.norm)
         k_cache = kv_caches[0][0]
+        first = inner.layers[0]
         self.shape = decode_step.Shape(
             hidden=cfg.hidden_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, inter=cfg.intermediate_size, block_size=block_size, table_width=0,
-            eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+            eps=cfg.rms_norm_eps, scale=first.self_attn.attn.scale,
             kv_bf16=int(k_cache.dtype == torch.bfloat16), num_threads=0,
-            bf16_products=int(self.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16))
-        self.cos_sin = inner.rotary_emb.cos_sin_cache  # float32 [max_position, 2, D]
-        self.embed = inner.embed_tokens
+            bf16_products=int(self.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16),
+            gelu=ACTIVATIONS[type(first.mlp.act)])
+        self.embed = inner.embed  # the token embeddings as the model's forward takes them
         self._work = torch.empty(0, dtype=torch.float32)
         self._scratch = torch.empty(0, dtype=torch.uint8)
 
@@ -104,11 +125,11 @@ class FusedDecode:
         if use_triton or tensor_parallel:
             return "Triton or tensor parallel"
         inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "layers") or not kv_caches:
+        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed") or not kv_caches:
             return "not a Llama-family model"
-        if not getattr(model, "fused_decode_layers", False):
-            # per-head Q/K norms, sliding windows, Gemma's norms and GeGLU: the torch path runs them
-            return f"the {model.config.architecture} layer is not the plain Llama layer the C step computes"
+        reason = FusedDecode._layers_unsupported(model)
+        if reason is not None:
+            return f"the {model.config.architecture} layer: {reason}"
         k_cache = kv_caches[0][0]
         if k_cache.device.type != "cpu" or any(len(kv) != 2 for kv in kv_caches):
             return "not a CPU pool of plain K/V (8-bit caches take the torch path)"
@@ -123,18 +144,48 @@ class FusedDecode:
         for layer in inner.layers:
             for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                          layer.mlp.down_proj):
-                if not (isinstance(proj, Int4WeightOnlyLinear) and proj._native_args is not None):
-                    return "a projection is not on the engine's int4 kernel"
+                if not (isinstance(proj, (Int4WeightOnlyLinear, Int8WeightOnlyLinear))
+                        and proj._native_args is not None):
+                    return "a projection is not on the engine's int4 or int8 kernel"
         return None
+
+    @staticmethod
+    def _layers_unsupported(model) -> str | None:
+        """Why decode_step.c does not compute these layers, None where it does (see pg_layer)."""
+        first = model.model.layers[0]
+        for layer in model.model.layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            if not hasattr(mlp, "gate_up_proj") or not hasattr(attn, "qkv_proj"):
+                return "experts or another block than attention and a gated MLP"
+            if type(mlp.act) not in ACTIVATIONS or type(mlp.act) is not type(first.mlp.act):
+                return f"activation {type(mlp.act).__name__}"
+            if attn.attn.scale != first.self_attn.attn.scale or attn.rotary_emb.use_triton:
+                return "attention scaled per layer, or a Triton RoPE table"
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
+                     getattr(layer, "pre_feedforward_layernorm", None),
+                     getattr(layer, "post_feedforward_layernorm", None)]
+            if any(n is not None and (type(n) not in (RMSNorm, GemmaRMSNorm)
+                                      or getattr(n, "use_triton", False)) for n in norms):
+                return "a norm other than RMSNorm or Gemma's"
+        return None
+
+    def _norm(self, norm: torch.nn.Module) -> int:
+        """A norm's float32 scale: Gemma's (1 + weight), as GemmaRMSNorm computes it, else the weight."""
+        w = norm.weight.detach().float()
+        return self._fp32(1.0 + w if isinstance(norm, GemmaRMSNorm) else w)
 
     def _fp32(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
         self._keep.append(t)
         return t.data_ptr()
 
-    def _proj(self, layer: Int4WeightOnlyLinear) -> decode_step.Proj:
-        packed, d, m = layer._native_args
+    def _proj(self, layer: Int4WeightOnlyLinear | Int8WeightOnlyLinear) -> decode_step.Proj:
         bias = 0 if layer.bias is None else self._fp32(layer.bias)
+        if isinstance(layer, Int8WeightOnlyLinear):  # q + 128 and fp16 scales, blocks of 32
+            packed, d = layer._native_args
+            return decode_step.Proj(bits=8, w=packed.data_ptr(), d=d.data_ptr(), m=None,
+                                    bias=bias or None, n=layer.out_features)
+        packed, d, m = layer._native_args
         return decode_step.Proj(bits=4, w=packed.data_ptr(), d=d.data_ptr(), m=m.data_ptr(),
                                 bias=bias or None, n=layer.out_features)
 
@@ -147,15 +198,24 @@ class FusedDecode:
         return num_decode_rows > 0 and not (self.dense_rows and num_decode_rows >= self.dense_rows)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            meta: AttentionMetadata) -> torch.Tensor:
+            meta: AttentionMetadata, window_slots: torch.Tensor | None = None) -> torch.Tensor:
         """The decode rows' ids, positions and cache slots [B] (long), their block tables and
         context lengths in ``meta`` -> final-norm hidden states [B, hidden] in the model's dtype.
-        Writes each row's K/V into the pool, as the torch path does."""
+        Writes each row's K/V into the pool, as the torch path does. A model whose sliding-window
+        layers keep a pool of their own (``meta.window``): those layers' slots for the same rows in
+        ``window_slots``, their tables in ``meta.window`` (the same width as ``meta``'s)."""
         b = input_ids.shape[0]
-        if int(positions.max()) >= self.cos_sin.shape[0]:  # C reads the table unchecked
-            raise ValueError(f"position beyond the model's {self.cos_sin.shape[0]} rotary positions")
+        if int(positions.max()) >= self.max_position:  # C reads the tables unchecked
+            raise ValueError(f"position beyond the model's {self.max_position} rotary positions")
         x = self.embed(input_ids).contiguous()
         tables, ctx = meta.decode_block_tables, meta.decode_context_lens
+        window_tables = tables
+        if meta.window is not None and self.windowed:
+            window_tables = meta.window.decode_block_tables
+            if window_slots is None or window_tables is None or window_tables.shape != tables.shape:
+                raise ValueError("the window layers' slots and tables are missing or of another shape")
+        else:
+            window_slots = slots
         shape = self.shape
         shape.table_width = tables.shape[1]
         shape.num_threads = torch.get_num_threads()
@@ -166,8 +226,8 @@ class FusedDecode:
         lib.pagoda_decode_step(
             self.layers, len(self.layers), self.final_norm, ctypes.byref(shape), b,
             x.data_ptr(), int(x.dtype is torch.bfloat16), positions.data_ptr(), slots.data_ptr(),
-            tables.data_ptr(), ctx.data_ptr(), self.cos_sin.data_ptr(), out.data_ptr(),
-            int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
+            tables.data_ptr(), window_slots.data_ptr(), window_tables.data_ptr(), ctx.data_ptr(),
+            out.data_ptr(), int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
         return out
 
     def _buffer(self, name: str, numel: int, rows: int) -> torch.Tensor:

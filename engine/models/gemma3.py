@@ -48,10 +48,14 @@ class Gemma3Model(nn.Module):
                                else self.rotary_emb, i) for i in range(cfg.num_hidden_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings scaled by sqrt(hidden): transformers multiplies by it held as a float32
+        tensor, cast to the dtype."""
         x = self.embed_tokens(input_ids)
-        # transformers multiplies by sqrt(hidden) held as a float32 tensor, cast to the dtype
-        x = x * torch.tensor(self.hidden_size ** 0.5, dtype=torch.float32).to(x.dtype)
+        return x * torch.tensor(self.hidden_size ** 0.5, dtype=torch.float32).to(x.dtype)
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        x = self.embed(input_ids)
         ropes = {id(r): r.prepare(positions, x.dtype) for r in (self.rotary_emb, self.local_rotary_emb)}
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer.forward(positions, x, kv_cache, meta, ropes[id(layer.self_attn.rotary_emb)])
@@ -61,5 +65,3 @@ class Gemma3Model(nn.Module):
 class Gemma3ForCausalLM(LlamaForCausalLM):
     packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
     model_class = Gemma3Model
-    fused_decode_layers = False  # decode_step.c computes none of the above (a class attribute
-    # over the base class's property)

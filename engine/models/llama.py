@@ -154,8 +154,12 @@ class LlamaModel(nn.Module):
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, use_triton)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings as the first layer takes them (engine/models/fused_decode.py too)."""
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         rope = self.rotary_emb.prepare(positions, x.dtype)  # once per step, not per layer
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -183,12 +187,6 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size // self.tp_size, tied)
         if tp is not None and tied is None:
             self.lm_head.tp_split = VocabSplit(tp.rank, tp.size)
-
-    @property
-    def fused_decode_layers(self) -> bool:
-        """Whether engine/models/fused_decode.py's C step computes these layers: the plain Llama
-        layer (RMSNorm, RoPE from the one table, full attention, SiLU MLP), no Q/K norms, no window."""
-        return not (self.config.qk_norm or any(self.config.layer_sliding_windows))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:

@@ -112,8 +112,7 @@ class Qwen3MoeModel(LlamaModel):
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
-    model_class = Qwen3MoeModel
-    fused_decode_layers = False  # decode_step.c has no experts
+    model_class = Qwen3MoeModel  # experts: engine/models/fused_decode.py's C step declines them
 
     def __init__(self, cfg: ModelConfig, use_triton: bool = False):
         tp = parallel_state.current()

@@ -339,9 +339,11 @@ class ModelRunner:
         rows (the flat batch's last) fused."""
         n, meta = batch.meta.num_prefill_tokens, batch.meta
         ids, positions = batch.input_ids, batch.positions
+        window_slots = None if meta.window is None else meta.window.slot_mapping
         if every_row:
-            return self.fused_decode.run(ids, positions, meta.slot_mapping, meta)
-        decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta)
+            return self.fused_decode.run(ids, positions, meta.slot_mapping, meta, window_slots)
+        decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta,
+                                        None if window_slots is None else window_slots[n:])
         if n == 0:
             return decoded
         head = self.model(ids[:n], positions[:n], self.kv_caches, meta.prefill_part())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from engine.layers.attention_metadata import AttentionMetadata, DecodeGroup, PrefillSeq
 from engine.scheduling.scheduler import ScheduledSequence
@@ -81,7 +82,8 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         if fused_decode:
             _fill_decode_tables(meta, decodes, device)
     if window_tables:
-        meta.window = _window_metadata(ordered, prefills, decodes, meta, block_size, device)
+        meta.window = _window_metadata(ordered, prefills, decodes, meta, block_size, device,
+                                       fused_decode, fused_prefill)
     return InputBatch(
         input_ids=flat[:t],
         positions=flat[t:2 * t],
@@ -93,15 +95,32 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
     )
 
 
-def _window_metadata(ordered, prefills, decodes, meta, block_size, device) -> AttentionMetadata:
-    """The step's metadata over window tables: the same rows, their slots in the window pool."""
+def _window_metadata(ordered, prefills, decodes, meta, block_size, device, fused_decode=False,
+                     fused_prefill=False) -> AttentionMetadata:
+    """The step's metadata over window tables: the same rows, their slots in the window pool; for
+    the fused step's rows their window tables, as wide as ``meta``'s tables."""
     slots = [e.seq.window_table[p // block_size] * block_size + p % block_size
              for e in ordered for p in range(e.start, e.start + e.num_new_tokens)]
     window = AttentionMetadata(slot_mapping=_tensor(slots, device),
                                num_prefill_tokens=meta.num_prefill_tokens,
                                num_decode_tokens=meta.num_decode_tokens, workspace=meta.workspace)
-    _fill_torch_metadata(window, prefills, decodes, block_size, device, table="window_table")
+    if fused_decode and fused_prefill:
+        _fill_row_tables(window, ordered, device, "window_table")
+    else:
+        _fill_torch_metadata(window, prefills, [] if fused_decode else decodes, block_size, device,
+                             table="window_table")
+        if fused_decode:
+            _fill_decode_tables(window, decodes, device, "window_table")
+    if meta.decode_block_tables is not None and window.decode_block_tables is not None:  # one width for both (decode_step.c's table_width)
+        meta.decode_block_tables, window.decode_block_tables = _same_width(
+            meta.decode_block_tables, window.decode_block_tables)
     return window
+
+
+def _same_width(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two [rows, blocks] tables padded with block 0 to the wider's width."""
+    width = max(a.shape[1], b.shape[1])
+    return tuple(F.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t for t in (a, b))
 
 
 def _fill_torch_metadata(meta, prefills, decodes, block_size, device, table="block_table") -> None:
@@ -152,26 +171,26 @@ def _fill_triton_metadata(meta, prefills, decodes, block_size, device) -> None:
     _fill_decode_tables(meta, decodes, device)
 
 
-def _fill_decode_tables(meta, decodes, device) -> None:
+def _fill_decode_tables(meta, decodes, device, table="block_table") -> None:
     """Each decode's context length (its new token included) and block table, int32."""
     if decodes:
         meta.decode_context_lens = _tensor([e.start + 1 for e in decodes], device, torch.int32)
-        meta.decode_block_tables = _padded_tables(decodes, device)
+        meta.decode_block_tables = _padded_tables(decodes, device, table)
 
 
-def _fill_row_tables(meta, ordered, device) -> None:
+def _fill_row_tables(meta, ordered, device, table="block_table") -> None:
     """Every row's context length (its own token included) and its sequence's block table, int32:
     a prompt chunk's token at position p attends to positions 0..p, as that token's decode would."""
     meta.decode_context_lens = _tensor([p + 1 for e in ordered for p in range(e.start, e.start + e.num_new_tokens)],
                                        device, torch.int32)
     counts = torch.tensor([e.num_new_tokens for e in ordered])
-    meta.decode_block_tables = _padded_tables(ordered, device).repeat_interleave(counts.to(device), dim=0)
+    meta.decode_block_tables = _padded_tables(ordered, device, table).repeat_interleave(counts.to(device), dim=0)
 
 
-def _padded_tables(entries, device) -> torch.Tensor:
-    width = max(len(e.seq.block_table) for e in entries)
-    return _tensor([e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in entries],
-                   device, torch.int32)
+def _padded_tables(entries, device, table="block_table") -> torch.Tensor:
+    tables = [getattr(e.seq, table) for e in entries]
+    width = max(len(t) for t in tables)
+    return _tensor([t + [0] * (width - len(t)) for t in tables], device, torch.int32)
 
 
 def _tensor(data, device, dtype=torch.long) -> torch.Tensor:

@@ -111,3 +111,34 @@ def tiny_llama3_rope_dir(tmp_path_factory, smollm2_tokenizer):
     return _save_tiny(tmp_path_factory.mktemp("tiny_llama3_rope"), LlamaForCausalLM,
                       config, smollm2_tokenizer)
 
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_d64_dir(tmp_path_factory, smollm2_tokenizer):
+    """Gemma 3 as the 270M model is laid out, at the suite's tiny sizes: one KV head for four
+    query heads of 64 dimensions (a multiple of 32: a bf16 cache's attention takes the bf16
+    products where the CPU has them), sliding layers of a 24-token window (not a multiple of the
+    tests' 16-token blocks: windows start inside a block) around a global one, two RoPE bases,
+    tied embeddings, a query_pre_attn_scalar of its own. Weights of std 0.3, so attention's
+    scores span several units and the window changes the tokens."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    sizes = dict(TINY_LLAMA_SIZES, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                 num_key_value_heads=1, head_dim=64, num_hidden_layers=3, tie_word_embeddings=True,
+                 initializer_range=0.3)
+    config = Gemma3TextConfig(**sizes, sliding_window=24,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                              query_pre_attn_scalar=48)
+    return _save_tiny(tmp_path_factory.mktemp("tiny_gemma3_d64"), Gemma3ForCausalLM, config,
+                      smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, smollm2_tokenizer):
+    """Qwen3: an RMSNorm over each query and key head before RoPE. Weights of std 0.3 (wide
+    margins between a greedy token and the next: bf16 paths that round differently agree)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _save_tiny(tmp_path_factory.mktemp("tiny_qwen3"), Qwen3ForCausalLM,
+                      Qwen3Config(**TINY_LLAMA_SIZES, initializer_range=0.3), smollm2_tokenizer)

@@ -4,7 +4,8 @@ prefix cache or computed whole, its prompt chunked at several budgets, on one th
 preempted then recomputed; greedy and seeded sampling alike. Where the fused CPU step runs
 (int4 projections on the engine's own kernel), every row of a step, prompt tokens included,
 takes its per-row arithmetic (engine/kernels/cpu/decode_step.c's header says why that is
-row-invariant). Tiny random int4 Llama here; the bundled SmolLM2 in the slow test at the end."""
+row-invariant). Tiny random int4 Llama and Gemma 3 here; the bundled SmolLM2 in the slow test at
+the end."""
 
 import pytest
 import torch
@@ -21,6 +22,10 @@ OTHERS = [[30 + (i * 13 + j * 5) % 500 for j in range(3 + (i * 11) % 60)] for i 
 # same tokens alone would not show a path that rounds differently; the same float32 logprobs do.
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=32, ignore_eos=True, logprobs=2)
+
+
+# KV pools small enough that the last of 8 requests is preempted
+PREEMPTING_BLOCKS = {"tiny_llama_dir": 12, "tiny_gemma3_d64_dir": 8}
 
 
 def make_llm(path, dtype, **settings):
@@ -40,8 +45,12 @@ def answer(out) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "params"), [("bfloat16", GREEDY), ("float32", GREEDY), ("bfloat16", SEEDED)],
                          ids=["bf16-greedy", "fp32-greedy", "bf16-seeded"])
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_gemma3_d64_dir"])
 def test_a_request_is_the_same_alone_cached_beside_others_chunked_threaded_and_preempted(
-        tiny_llama_dir, dtype, params):
+        checkpoint, dtype, params, request):
+    """Gemma 3 too: its 45-token prompt passes the 24-token window of its sliding layers, whose
+    K/V live in a pool of their own (blocks that left the window freed)."""
+    tiny_llama_dir = request.getfixturevalue(checkpoint)
     llm = make_llm(tiny_llama_dir, dtype)
     assert llm.engine.runner.batch_invariant
     alone = tokens(llm, params)
@@ -62,9 +71,11 @@ def test_a_request_is_the_same_alone_cached_beside_others_chunked_threaded_and_p
         chunked = make_llm(tiny_llama_dir, dtype, max_num_batched_tokens=budget,
                            enable_prefix_caching=False)
         assert tokens(chunked, params, OTHERS[:3]) == alone, f"chunks of {budget}"
-    # 12 blocks of 16 tokens for 8 requests of ~80 tokens each, this one the last to arrive (the
-    # first preempted): its prompt and output so far recomputed as a prefill, maybe more than once
-    small = make_llm(tiny_llama_dir, dtype, num_kv_blocks=12, enable_prefix_caching=False)
+    # 12 blocks of 16 tokens (Gemma: 8, one pool at that size) for 8 requests of ~80 tokens each,
+    # this one the last to arrive (the first preempted): its prompt and output so far recomputed
+    # as a prefill, maybe more than once
+    small = make_llm(tiny_llama_dir, dtype, num_kv_blocks=PREEMPTING_BLOCKS[checkpoint],
+                     enable_prefix_caching=False)
     scheduler, victims = small.engine.scheduler, []
     preempt = scheduler._preempt
     scheduler._preempt = lambda seq: (victims.append(seq.request_id), preempt(seq))

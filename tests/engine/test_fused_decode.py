@@ -73,11 +73,13 @@ def _rows_by_length(seqs, hidden):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
-@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama_d64_dir"])
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama_d64_dir",
+                                        "tiny_qwen3_dir"])
 def test_fused_step_gives_the_torch_paths_hidden_states(checkpoint, dtype, tolerance, request):
-    """GQA (4 query heads on 2 KV heads), Qwen2's Q/K/V bias, several sequences of different
-    lengths in scattered blocks; float32 and bf16 activations and caches; heads of 16 and of 64
-    dimensions (where the CPU has AVX512-BF16, a bf16 cache's attention takes bf16 products)."""
+    """GQA (4 query heads on 2 KV heads), Qwen2's Q/K/V bias, Qwen3's Q/K norms, several sequences
+    of different lengths in scattered blocks; float32 and bf16 activations and caches; heads of 16
+    and of 64 dimensions (where the CPU has AVX512-BF16, a bf16 cache's attention takes bf16
+    products). Gemma 3's layers: the engine-level test below."""
     runner = _runner(request.getfixturevalue(checkpoint), dtype)
     assert runner.fused_decode is not None
     seqs = _sequences()
@@ -220,3 +222,28 @@ def test_a_bf16_models_attention_takes_bf16_products_where_the_cpu_has_them(tiny
     for row in range(len(seqs)):
         error = (bf16[row] - f32[row]).norm() / f32[row].norm()
         assert error < 2e-2, f"row {row}: relative error {error:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemma3_layers_fused_give_the_torch_paths_tokens(tiny_gemma3_d64_dir, dtype, monkeypatch):
+    """Gemma 3's layer in the fused step (its norms around each sublayer, GeGLU, Q/K norms, a RoPE
+    table per layer, 24-token windows over the window layers' own pool, scaled embeddings): every
+    row of every step fused (batch-invariant mode, prompts included), the same greedy tokens as
+    the torch path, prompts and answers running past the window. (Qwen3's tiny model meets a
+    near-tie within 40 tokens, where the two paths' rounding may pick either: its hidden states
+    are compared above.)"""
+    path = tiny_gemma3_d64_dir
+    prompts = [[1 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in enumerate((3, 17, 40, 9, 31))]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256)
+    runner = llm.engine.runner
+    assert runner.fused_decode is not None and runner.batch_invariant
+    assert runner.window_split is not None  # the sliding layers' blocks: a pool of their own
+    assert [layer.window for layer in runner.fused_decode.layers] == [24, 0, 24]
+    fused = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.engine.block_manager.check_all_free()
+    monkeypatch.setenv("PAGODA_FUSED_DECODE", "0")
+    torch_path = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256)
+    assert torch_path.engine.runner.fused_decode is None
+    assert fused == [o.token_ids for o in torch_path.generate(prompts, params)]

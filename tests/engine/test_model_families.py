@@ -221,14 +221,14 @@ def test_gemma3_sliding_window_is_what_changes_long_prompts(tiny_gemma3_dir, smo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
-def test_fused_cpu_decode_step_refuses_layers_it_does_not_compute(family, tmp_path, request,
-                                                                  smollm2_tokenizer):
-    """The C decode step computes the plain Llama layer only. With int4 weights, where it would
-    otherwise run (a Llama of the same sizes does fuse: the control), Qwen3's Q/K norms and Gemma
-    3's layers stay on the torch path. int4 rounding moves the tokens off transformers', so the
-    reference is the torch path itself: the same tokens as with the step switched off."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "qwen3_moe"])
+def test_the_fused_cpu_decode_step_takes_qwen3_and_gemma3_layers_and_declines_experts(
+        family, tmp_path, request, smollm2_tokenizer):
+    """With int4 weights the C decode step computes Qwen3's Q/K norms and Gemma 3's layers (its
+    norms, GeGLU, two RoPE tables, 8-token windows), every row of a step (batch-invariant mode):
+    the same greedy tokens as the torch path (int4 rounding moves them off transformers', so the
+    torch path is the reference). A Qwen3-MoE layer's experts keep the torch path."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from engine.kernels.cpu import decode_step
     from engine.models.fused_decode import ENV
@@ -237,14 +237,16 @@ def test_fused_cpu_decode_step_refuses_layers_it_does_not_compute(family, tmp_pa
         pytest.skip("no C compiler or no AVX2/FMA/F16C here")
     if family == "qwen3":
         path = save_tiny(tmp_path / "q3", Qwen3ForCausalLM, Qwen3Config(**SIZES), smollm2_tokenizer)
+    elif family == "qwen3_moe":
+        path = save_tiny(tmp_path / "moe", Qwen3MoeForCausalLM,
+                         Qwen3MoeConfig(**SIZES, num_experts=8, moe_intermediate_size=32), smollm2_tokenizer)
     else:
         path = request.getfixturevalue("tiny_gemma3_dir")
-    llama = save_tiny(tmp_path / "llama", LlamaForCausalLM, LlamaConfig(**SIZES), smollm2_tokenizer)
     int4 = dict(quantization="int4", dtype="float32", num_kv_blocks=32)
-    assert LLM(str(llama), **int4).engine.runner.fused_decode is not None  # where it applies
-
     llm = LLM(str(path), **int4)
-    assert llm.engine.runner.fused_decode is None
+    runner = llm.engine.runner
+    assert (runner.fused_decode is None) == (family == "qwen3_moe")
+    assert runner.batch_invariant == (family != "qwen3_moe")
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     fused_allowed = llm.generate(prompts_of(), params)
     monkeypatch = pytest.MonkeyPatch()

@@ -223,14 +223,15 @@ static inline __attribute__((always_inline)) void accumulate_v16(float *acc, con
 
 /* The online softmax's step over one block for each of heads heads: the block's maximum (what came
    before rescaled when it is higher), scores turned into exp(score - max) in place, and their sum
-   added to total. */
+   added to total. The block's first skip tokens are masked (before a sliding window): p 0. */
 static inline __attribute__((always_inline)) void softmax_block(float *scores, int64_t heads, int64_t n,
-                                                                int64_t bs, float *acc, float *mx,
-                                                                float *total, const int64_t D) {
+                                                                int64_t skip, int64_t bs, float *acc,
+                                                                float *mx, float *total, const int64_t D) {
     for (int64_t g = 0; g < heads; g++) {
         float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j < skip; j++) sg[j] = 0.0f; /* after the maximum: the loops below skip them */
 #pragma omp simd reduction(max : bmax)
-        for (int64_t j = 0; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
+        for (int64_t j = skip; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
         if (bmax > mx[g]) { /* rescale what came before to the new maximum */
             const float r = pg_exp(mx[g] - bmax);
             total[g] *= r;
@@ -239,7 +240,7 @@ static inline __attribute__((always_inline)) void softmax_block(float *scores, i
             mx[g] = bmax;
         }
         const float m = mx[g];
-        int64_t j = 0;
+        int64_t j = skip;
 #if !defined(__AVX512F__) /* 8 lanes, then the lanes' sum in a fixed order */
         __m256 lanes = _mm256_setzero_ps();
         for (; j + 8 <= n; j += 8) {
@@ -280,8 +281,8 @@ static inline __attribute__((always_inline)) void softmax_block(float *scores, i
    sequence over K/V rows it widened once: a row's arithmetic is the same in both. */
 static inline __attribute__((always_inline)) void
 attend_block(const float *q, int64_t nkv, int64_t nh, const char *kb, const char *vb, int64_t rbytes,
-             int bf16, int64_t n, int64_t bs, float *scores, float *kbuf, float *acc, float *mx,
-             float *total, const int64_t D) {
+             int bf16, int64_t n, int64_t skip, int64_t bs, float *scores, float *kbuf, float *acc,
+             float *mx, float *total, const int64_t D) {
     const int64_t esize = bf16 ? 2 : 4, heads = nkv * nh;
     for (int64_t i = 0; i < nkv; i++) {
         const float *qi = q + i * nh * D;
@@ -307,7 +308,7 @@ attend_block(const float *q, int64_t nkv, int64_t nh, const char *kb, const char
             for (int64_t g = 0; g < nh; g++) si[g * bs + j] = dot(qi + g * D, k, D);
         }
     }
-    softmax_block(scores, heads, n, bs, acc, mx, total, D);
+    softmax_block(scores, heads, n, skip, bs, acc, mx, total, D);
 #if defined(__AVX512F__)
 #define PG_ACCUMULATE_V accumulate_v16
 #else
@@ -341,10 +342,16 @@ attend_block(const float *q, int64_t nkv, int64_t nh, const char *kb, const char
     }
 }
 
+/* The first of a row's ctx cached tokens that a layer attends to: past a sliding window, the
+   window's first (the blocks before it are not read; the tokens before it in its block are masked). */
+static inline int64_t window_start(const pg_layer *L, int64_t ctx) {
+    return L->window > 0 && ctx > L->window ? ctx - L->window : 0;
+}
 static inline __attribute__((always_inline)) void
 attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_layer *L,
              const pg_shape *s, const int32_t *table, int64_t ctx, float *out, const int64_t D) {
     const int64_t bs = s->block_size, row = s->kv_heads * D, heads = nkv * nh;
+    const int64_t lo = window_start(L, ctx), first = lo / bs * bs;
     const int bf16 = (int)s->kv_bf16;
     const int64_t esize = bf16 ? 2 : 4, rbytes = row * esize;
     float acc[PG_ITEM_FLOATS], scores[PG_MAX_ITEM_HEADS * 256], kbuf[512];
@@ -359,24 +366,25 @@ attend_heads(const float *q, int64_t kvh0, int64_t nkv, int64_t nh, const pg_lay
         float tv[PG_MAX_ITEM_HEADS * 16] = {0.0f};
         const int64_t pbs = (bs + 15) / 16 * 16;
         round_bf16(q, heads * D, qb);
-        for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
+        for (int64_t t0 = first; t0 < ctx; t0 += bs) {
             const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
             const int64_t base = (int64_t)table[t0 / bs] * bs;
             const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * 2;
             const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * 2;
-            attend_block_bf16(qb, nkv, nh, kb, NULL, 0, vb, NULL, 0, rbytes, n, bs, scores, pb, pbs, acc,
-                              mx, tv, D);
+            attend_block_bf16(qb, nkv, nh, kb, NULL, 0, vb, NULL, 0, rbytes, n, t0 == first ? lo - first : 0,
+                              bs, scores, pb, pbs, acc, mx, tv, D);
         }
         for (int64_t g = 0; g < heads; g++) total[g] = total_of(tv + g * 16);
         ctx = 0; /* done: the loop below has nothing left */
     }
 #endif
-    for (int64_t t0 = 0; t0 < ctx; t0 += bs) {
+    for (int64_t t0 = first; t0 < ctx; t0 += bs) {
         const int64_t n = ctx - t0 < bs ? ctx - t0 : bs;
         const int64_t base = (int64_t)table[t0 / bs] * bs;
         const char *kb = (const char *)L->k_cache + (base * row + kvh0 * D) * esize;
         const char *vb = (const char *)L->v_cache + (base * row + kvh0 * D) * esize;
-        attend_block(q, nkv, nh, kb, vb, rbytes, bf16, n, bs, scores, kbuf, acc, mx, total, D);
+        attend_block(q, nkv, nh, kb, vb, rbytes, bf16, n, t0 == first ? lo - first : 0, bs, scores, kbuf,
+                     acc, mx, total, D);
     }
     for (int64_t g = 0; g < heads; g++) {
         const float inv = 1.0f / total[g];
@@ -405,8 +413,12 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
     const int64_t H = s->heads, KVH = s->kv_heads, D = s->head_dim, group = H / KVH;
     const int64_t bs = s->block_size, row = KVH * D, esize = s->kv_bf16 ? 2 : 4;
     const int32_t *table = tables + b0 * s->table_width;
-    int64_t last = 0;
-    for (int64_t r = 0; r < count; r++) last = ctx[b0 + r] > last ? ctx[b0 + r] : last;
+    int64_t last = 0, first = INT64_MAX; /* the rows' blocks: from the first any row reads */
+    for (int64_t r = 0; r < count; r++) {
+        last = ctx[b0 + r] > last ? ctx[b0 + r] : last;
+        const int64_t f = window_start(L, ctx[b0 + r]) / bs * bs;
+        first = f < first ? f : first;
+    }
     const int64_t per_row = 2 * H * D + 2 * H; /* q, acc, mx, total */
     float *mem = malloc(sizeof(float) * (count * per_row + 2 * bs * row));
     if (mem == NULL) {
@@ -434,7 +446,7 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
         uint32_t *kt = (uint32_t *)(tvs + count * H * 16);
         uint16_t *vt = (uint16_t *)(kt + KVH * kts), *qb = vt + KVH * vts, *pb = qb + count * H * D;
         for (int64_t r = 0; r < count; r++) round_bf16(mem + r * per_row, H * D, qb + r * H * D);
-        for (int64_t t0 = 0; t0 < last; t0 += bs) {
+        for (int64_t t0 = first; t0 < last; t0 += bs) {
             const int64_t n_all = last - t0 < bs ? last - t0 : bs;
             const int64_t base = (int64_t)table[t0 / bs] * bs;
             const char *kb = (const char *)L->k_cache + base * row * 2;
@@ -446,19 +458,19 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
                 pair_v(vb + i * D * 2, row * 2, n_all, vt + i * vts, D);
             }
             for (int64_t r = 0; r < count; r++) {
-                const int64_t c = ctx[b0 + r];
-                if (t0 >= c) continue;
+                const int64_t c = ctx[b0 + r], lo = window_start(L, c);
+                if (t0 >= c || t0 + bs <= lo) continue;
                 float *acc = mem + r * per_row + H * D, *mx = acc + H * D, *tv = tvs + r * H * 16;
-                const int64_t n = c - t0 < bs ? c - t0 : bs;
+                const int64_t n = c - t0 < bs ? c - t0 : bs, skip = lo > t0 ? lo - t0 : 0;
                 if (D == 64)
-                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, tv, 64);
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, skip, bs,
+                                      scores, pb, pbs, acc, mx, tv, 64);
                 else if (D == 128)
-                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, tv, 128);
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, skip, bs,
+                                      scores, pb, pbs, acc, mx, tv, 128);
                 else
-                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, bs, scores,
-                                      pb, pbs, acc, mx, tv, D);
+                    attend_block_bf16(qb + r * H * D, KVH, group, kb, kt, kts, vb, vt, vts, row * 2, n, skip, bs,
+                                      scores, pb, pbs, acc, mx, tv, D);
             }
         }
         for (int64_t r = 0; r < count; r++) {
@@ -474,7 +486,7 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
         return;
     }
 #endif
-    for (int64_t t0 = 0; t0 < last; t0 += bs) {
+    for (int64_t t0 = first; t0 < last; t0 += bs) {
         const int64_t n_all = last - t0 < bs ? last - t0 : bs;
         const int64_t base = (int64_t)table[t0 / bs] * bs;
         const char *kb = (const char *)L->k_cache + base * row * esize;
@@ -487,13 +499,14 @@ void pg_attend_rows(int64_t b0, int64_t count, const float *qkv, int64_t qkv_n, 
             kb = (const char *)kst, vb = (const char *)vst;
         }
         for (int64_t r = 0; r < count; r++) {
-            const int64_t c = ctx[b0 + r];
-            if (t0 >= c) continue;
+            const int64_t c = ctx[b0 + r], lo = window_start(L, c);
+            if (t0 >= c || t0 + bs <= lo) continue;
             float *q = mem + r * per_row, *acc = q + H * D, *mx = acc + H * D, *total = mx + H;
-            const int64_t n = c - t0 < bs ? c - t0 : bs;
-            if (D == 64) attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, 64);
-            else if (D == 128) attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, 128);
-            else attend_block(q, KVH, group, kb, vb, row * 4, 0, n, bs, scores, kbuf, acc, mx, total, D);
+            const int64_t n = c - t0 < bs ? c - t0 : bs, skip = lo > t0 ? lo - t0 : 0;
+            if (D == 64) attend_block(q, KVH, group, kb, vb, row * 4, 0, n, skip, bs, scores, kbuf, acc, mx, total, 64);
+            else if (D == 128)
+                attend_block(q, KVH, group, kb, vb, row * 4, 0, n, skip, bs, scores, kbuf, acc, mx, total, 128);
+            else attend_block(q, KVH, group, kb, vb, row * 4, 0, n, skip, bs, scores, kbuf, acc, mx, total, D);
         }
     }
     for (int64_t r = 0; r < count; r++) {

@@ -39,20 +39,28 @@ static inline __m512 pg_exp16(__m512 x) {
     return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
 }
 
+/* The lanes of the 16 tokens from j0 that a block of n tokens, its first skip masked, attends to. */
+static inline __mmask16 block_lanes(int64_t j0, int64_t n, int64_t skip) {
+    __mmask16 keep = n - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j0)) - 1u);
+    if (skip > j0) keep &= skip - j0 >= 16 ? (__mmask16)0 : (__mmask16)(0xffffu << (skip - j0));
+    return keep;
+}
+
 /* softmax_block for the bf16 products, 16 tokens a vector: the maximum one vector's reduction, the
    sum kept in 16 lanes per head (tv [heads, 16]; lane l sums tokens l, l + 16 ... of every block,
    added up once at the row's end: total_of), p = exp(score - max) only as bf16, into pb [heads,
-   pbs] (zero from n on, to the next 16). softmax_block's sum came out a chain of 16 dependent
+   pbs] (zero before skip and from n on, to the next 16). softmax_block's sum came out a chain of 16 dependent
    scalar additions per head and block, measured a quarter of a long prompt's attention, and a
    reduction per block was still a tenth of it. */
 static inline __attribute__((always_inline)) void softmax_block16(const float *scores, int64_t heads, int64_t n,
-                                                                  int64_t bs, float *acc, float *mx, float *tv,
-                                                                  uint16_t *pb, int64_t pbs, const int64_t D) {
+                                                                  int64_t skip, int64_t bs, float *acc, float *mx,
+                                                                  float *tv, uint16_t *pb, int64_t pbs,
+                                                                  const int64_t D) {
     for (int64_t g = 0; g < heads; g++) {
         const float *sg = scores + g * bs;
         __m512 vmax = _mm512_set1_ps(-INFINITY);
         for (int64_t j0 = 0; j0 < n; j0 += 16) {
-            const __mmask16 keep = n - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j0)) - 1u);
+            const __mmask16 keep = block_lanes(j0, n, skip);
             vmax = _mm512_mask_max_ps(vmax, keep, vmax, _mm512_maskz_loadu_ps(keep, sg + j0));
         }
         const float bmax = _mm512_reduce_max_ps(vmax);
@@ -66,7 +74,7 @@ static inline __attribute__((always_inline)) void softmax_block16(const float *s
         const __m512 m = _mm512_set1_ps(mx[g]);
         __m512 vsum = _mm512_loadu_ps(tv + g * 16);
         for (int64_t j0 = 0; j0 < n; j0 += 16) {
-            const __mmask16 keep = n - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j0)) - 1u);
+            const __mmask16 keep = block_lanes(j0, n, skip);
             const __m512 e = _mm512_maskz_mov_ps(keep, pg_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, sg + j0), m)));
             vsum = _mm512_add_ps(vsum, e);
             _mm256_storeu_si256((__m256i *)(pb + g * pbs + j0), (__m256i)_mm512_cvtneps_pbh(e));
@@ -219,8 +227,8 @@ static inline __attribute__((always_inline)) void accumulate_v_bf16(float *acc, 
    paired per KV head: vt + i * vts); pb [nkv * nh, pbs] the bf16 p's work space. */
 static inline __attribute__((always_inline)) void
 attend_block_bf16(const uint16_t *qb, int64_t nkv, int64_t nh, const char *kb, const uint32_t *kt, int64_t kts,
-                  const char *vb, const uint16_t *vt, int64_t vts, int64_t rbytes, int64_t n, int64_t bs,
-                  float *scores, uint16_t *pb, int64_t pbs, float *acc, float *mx, float *tv,
+                  const char *vb, const uint16_t *vt, int64_t vts, int64_t rbytes, int64_t n, int64_t skip,
+                  int64_t bs, float *scores, uint16_t *pb, int64_t pbs, float *acc, float *mx, float *tv,
                   const int64_t D) {
     const int64_t heads = nkv * nh;
     for (int64_t i = 0; i < nkv; i++) {
@@ -232,7 +240,7 @@ attend_block_bf16(const uint16_t *qb, int64_t nkv, int64_t nh, const char *kb, c
             else scores16_bf16(qi, nh, kb + i * D * 2 + j0 * rbytes, rbytes, m, si + j0, bs, D);
         }
     }
-    softmax_block16(scores, heads, n, bs, acc, mx, tv, pb, pbs, D);
+    softmax_block16(scores, heads, n, skip, bs, acc, mx, tv, pb, pbs, D);
     for (int64_t i = 0; i < nkv; i++) {
         float *ai = acc + i * nh * D;
         const uint16_t *pi = pb + i * nh * pbs, *vi = vt != NULL ? vt + i * vts : NULL;

@@ -5,6 +5,10 @@
    written to the pool at the token's slot; attention of each query head over its sequence's
    cached tokens (read through the block table); res += o Wo; h = rmsnorm(res) * w_post;
    res += (silu(g) * u) Wdown with [g | u] = h Wgu. Then rmsnorm(res) * w_final is the output.
+   What other families add, each where its layer has it (pg_layer): Q/K heads normalised before
+   rotary (Qwen3, Gemma 3); attention's and the MLP's outputs normalised before they join the
+   residual, GeGLU, a RoPE table per layer and sliding-window layers over a pool of their own
+   (Gemma 3; its norms' (1 + w) and scaled embeddings are the caller's).
 
    The residual stream, norms, rotary, softmax and activations are float32 (the torch path rounds
    several of them to bf16); K/V are stored in the pool's dtype and read back from it, as the
@@ -80,13 +84,27 @@ int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B) {
     return B * row_bytes(k);
 }
 
+/* tanh-approximated GELU (transformers' gelu_pytorch_tanh), tanh(u) as 1 - 2 / (exp(2u) + 1). */
+static inline float gelu_tanh(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + (1.0f - 2.0f / (pg_exp(2.0f * u) + 1.0f)));
+}
+
+/* The output of the previous layer's MLP (in tmp) readied to join the residual: normalised where
+   the layer has a norm for it (Gemma). */
+static inline void mlp_out(const pg_layer *prev, float *t, int64_t n, float eps) {
+    if (prev != NULL && prev->mlp_out_norm != NULL) rms_norm(t, prev->mlp_out_norm, n, eps, t);
+}
+
 /* x [B, hidden] (bf16 or fp32, the embeddings) -> out [B, hidden] (bf16 or fp32) after the final
-   norm; positions, slots [B]; tables [B, table_width] block ids; ctx [B] tokens cached after
-   this step's write; cos_sin [max_position, 2, D]. */
+   norm; positions, slots [B]; tables [B, table_width] block ids; window_slots and window_tables
+   the same in the sliding-window layers' pool (the full ones where the model keeps one pool);
+   ctx [B] tokens cached after this step's write. */
 void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float *final_norm,
                         const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
                         const int64_t *positions, const int64_t *slots, const int32_t *tables,
-                        const int32_t *ctx, const float *cos_sin, void *out, int64_t out_bf16,
+                        const int64_t *window_slots, const int32_t *window_tables,
+                        const int32_t *ctx, void *out, int64_t out_bf16,
                         float *work, uint8_t *scratch) {
     const int64_t hid = s->hidden, H = s->heads, KVH = s->kv_heads, D = s->head_dim, I = s->inter;
     const int64_t qkv_n = (H + 2 * KVH) * D, group = H / KVH, esize = s->kv_bf16 ? 2 : 4;
@@ -121,19 +139,27 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
 #pragma omp parallel num_threads(s->num_threads > 0 ? (int)s->num_threads : 1)
     {
         for (int64_t l = 0; l < num_layers; l++) {
-            const pg_layer *L = &layers[l];
+            const pg_layer *L = &layers[l], *prev = l > 0 ? &layers[l - 1] : NULL;
+            const int64_t *sl = L->window > 0 ? window_slots : slots;
+            const int32_t *tb = L->window > 0 ? window_tables : tables;
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) /* the previous layer's MLP output joins the residual here */
+            for (int64_t b = 0; b < B; b++) { /* the previous layer's MLP output joins the residual here */
+                mlp_out(prev, tmp + b * hid, hid, s->eps);
                 add_norm(res + b * hid, l > 0 ? tmp + b * hid : NULL, L->in_norm, hid, s->eps, h + b * hid);
+            }
             product(&L->qkv, h, B, hid, qkv, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) { /* rotary, then this token's K/V into the pool */
+            for (int64_t b = 0; b < B; b++) { /* Q/K norms, rotary, then this token's K/V into the pool */
                 float *row = qkv + b * qkv_n;
-                const float *cs = cos_sin + positions[b] * 2 * D;
+                if (L->q_norm != NULL) {
+                    for (int64_t hh = 0; hh < H; hh++) rms_norm(row + hh * D, L->q_norm, D, s->eps, row + hh * D);
+                    for (int64_t hh = H; hh < H + KVH; hh++) rms_norm(row + hh * D, L->k_norm, D, s->eps, row + hh * D);
+                }
+                const float *cs = L->cos_sin + positions[b] * 2 * D;
                 for (int64_t hh = 0; hh < H + KVH; hh++) rotate(row + hh * D, cs, D);
-                char *kd = (char *)L->k_cache + slots[b] * KVH * D * esize;
-                char *vd = (char *)L->v_cache + slots[b] * KVH * D * esize;
+                char *kd = (char *)L->k_cache + sl[b] * KVH * D * esize;
+                char *vd = (char *)L->v_cache + sl[b] * KVH * D * esize;
                 const float *k = row + H * D, *v = k + KVH * D;
                 for (int64_t i = 0; i < KVH * D; i++) {
                     if (s->kv_bf16) {
@@ -153,32 +179,40 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t g = 0; g < ngroups; g++) {
                     if (groups[g + 1] - groups[g] == 1) /* one item a row here */
-                        pg_attend_item(groups[g], &it, qkv, qkv_n, L, s, tables, ctx, att);
+                        pg_attend_item(groups[g], &it, qkv, qkv_n, L, s, tb, ctx, att);
                     else
-                        pg_attend_rows(groups[g], groups[g + 1] - groups[g], qkv, qkv_n, L, s, tables, ctx, att);
+                        pg_attend_rows(groups[g], groups[g + 1] - groups[g], qkv, qkv_n, L, s, tb, ctx, att);
                 }
             } else if (B >= DYNAMIC_ROWS) {
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t item = 0; item < items; item++)
-                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
+                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tb, ctx, att);
             } else {
 #pragma omp for schedule(static)
                 for (int64_t item = 0; item < items; item++)
-                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tables, ctx, att);
+                    pg_attend_item(item, &it, qkv, qkv_n, L, s, tb, ctx, att);
             }
             product(&L->o, att, B, H * D, tmp, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++)
+            for (int64_t b = 0; b < B; b++) {
+                if (L->attn_out_norm != NULL)
+                    rms_norm(tmp + b * hid, L->attn_out_norm, hid, s->eps, tmp + b * hid);
                 add_norm(res + b * hid, tmp + b * hid, L->post_norm, hid, s->eps, h + b * hid);
+            }
             product(&L->gate_up, h, B, hid, gu, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) {
                 const float *g = gu + b * 2 * I, *u = g + I;
                 float *a = act + b * I;
+                if (s->gelu) {
 #pragma omp simd
-                for (int64_t i = 0; i < I; i++) a[i] = g[i] / (1.0f + pg_exp(-g[i])) * u[i];
+                    for (int64_t i = 0; i < I; i++) a[i] = gelu_tanh(g[i]) * u[i];
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < I; i++) a[i] = g[i] / (1.0f + pg_exp(-g[i])) * u[i];
+                }
             }
             product(&L->down, act, B, I, tmp, scratch);
 #pragma omp barrier
@@ -186,6 +220,7 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++) {
             float *y = h + b * hid;
+            mlp_out(num_layers > 0 ? &layers[num_layers - 1] : NULL, tmp + b * hid, hid, s->eps);
             add_norm(res + b * hid, num_layers > 0 ? tmp + b * hid : NULL, final_norm, hid, s->eps, y);
             for (int64_t i = 0; i < hid; i++) {
                 if (out_bf16) ((uint16_t *)out)[b * hid + i] = f32_to_bf16(y[i]);
@@ -204,6 +239,7 @@ int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B) { return 0 * B
 void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float *final_norm,
                         const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
                         const int64_t *positions, const int64_t *slots, const int32_t *tables,
-                        const int32_t *ctx, const float *cos_sin, void *out, int64_t out_bf16,
+                        const int64_t *window_slots, const int32_t *window_tables,
+                        const int32_t *ctx, void *out, int64_t out_bf16,
                         float *work, uint8_t *scratch) {}
 #endif

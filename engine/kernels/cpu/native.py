@@ -24,9 +24,10 @@ class Proj(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    """pg_layer: a decoder layer's norms, projections and K/V pool."""
+    """pg_layer: a decoder layer's norms, projections, K/V pool, RoPE table and window."""
     _fields_ = [("in_norm", _p), ("post_norm", _p), ("qkv", Proj), ("o", Proj), ("gate_up", Proj),
-                ("down", Proj), ("k_cache", _p), ("v_cache", _p)]
+                ("down", Proj), ("k_cache", _p), ("v_cache", _p), ("q_norm", _p), ("k_norm", _p),
+                ("attn_out_norm", _p), ("mlp_out_norm", _p), ("cos_sin", _p), ("window", _i64)]
 
 
 class Shape(ctypes.Structure):
@@ -34,7 +35,7 @@ class Shape(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("inter", _i64), ("block_size", _i64), ("table_width", _i64), ("eps", _f32),
                 ("scale", _f32), ("kv_bf16", _i64), ("num_threads", _i64),
-                ("bf16_products", _i64)]
+                ("bf16_products", _i64), ("gelu", _i64)]
 
 
 _ref = ctypes.POINTER
@@ -53,7 +54,7 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "pagoda_decode_work_floats": ([_ref(Shape), _i64], _i64),
     "pagoda_decode_scratch_bytes": ([_ref(Shape), _i64], _i64),
     "pagoda_decode_step": ([_ref(Layer), _i64, _p, _ref(Shape), _i64, _p, _i64, _p, _p, _p, _p, _p, _p,
-                            _i64, _p, _p], None),
+                            _p, _i64, _p, _p], None),
 }
 
 

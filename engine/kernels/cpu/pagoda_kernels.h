@@ -29,9 +29,16 @@ typedef struct {
 } pg_proj;
 
 typedef struct {
-    const float *in_norm, *post_norm; /* float32 [hidden] */
+    const float *in_norm, *post_norm; /* float32 [hidden]: before attention, before the MLP */
     pg_proj qkv, o, gate_up, down;
     void *k_cache, *v_cache; /* [slots, KVH, D] in the pool dtype */
+    const float *q_norm, *k_norm; /* NULL, or float32 [head_dim]: each Q and K head's norm before RoPE */
+    /* NULL, or float32 [hidden]: Gemma's norms of attention's and of the MLP's output, before each
+       joins the residual */
+    const float *attn_out_norm, *mlp_out_norm;
+    const float *cos_sin; /* float32 [max_position, 2, head_dim]: this layer's RoPE table */
+    int64_t window; /* 0, or the last tokens a sliding-window layer attends to (its own included);
+                       such a layer's K/V are at the step's window slots and tables */
 } pg_layer;
 
 typedef struct {
@@ -39,6 +46,7 @@ typedef struct {
     float eps, scale;
     int64_t kv_bf16, num_threads;
     int64_t bf16_products; /* attention in bf16 products where the build has them (attention.c) */
+    int64_t gelu; /* the MLP's activation: 0 SiLU, 1 tanh-approximated GELU (GeGLU) */
 } pg_shape;
 
 /* Entry points (the same in every build: without AVX2/FMA/F16C they do nothing and
@@ -64,7 +72,8 @@ PAGODA_API int64_t pagoda_decode_scratch_bytes(const pg_shape *s, int64_t B);
 PAGODA_API void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float *final_norm,
                                    const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
                                    const int64_t *positions, const int64_t *slots, const int32_t *tables,
-                                   const int32_t *ctx, const float *cos_sin, void *out, int64_t out_bf16,
+                                   const int64_t *window_slots, const int32_t *window_tables,
+                                   const int32_t *ctx, void *out, int64_t out_bf16,
                                    float *work, uint8_t *scratch);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
