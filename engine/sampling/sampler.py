@@ -67,10 +67,22 @@ class Sampler(torch.nn.Module):
         return SamplerOutput(sampled, chosen, top_ids, top_logprobs)
 
 
+ARGMAX_CHUNKS = (256, 128, 64, 32)  # the first of these that divides the vocabulary
+
+
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the vocabulary, the first of equal maxima (as argmax): max's indices, which
-    torch's CPU build computes ~3x faster than argmax (32 x 49152 float32: 0.46 against 1.5 ms)."""
-    return logits.max(dim=-1).indices
+    """argmax over the vocabulary, the first of equal maxima (as argmax), in two levels: each
+    chunk's maximum (amax, vectorised), the first chunk that holds the row's maximum, then the
+    first maximum inside it. torch's CPU max-with-indices and argmax compare one element at a
+    time: 32 x 262,144 float32 (Gemma 3's vocabulary) took 6.6 ms against 1.2 ms this way, 32 x
+    49,152 1.2 against 0.16 ms (AMD EPYC, 2 threads). A NaN is a maximum in both."""
+    s, v = logits.shape
+    c = next((c for c in ARGMAX_CHUNKS if v % c == 0 and v > c), None)
+    if c is None:
+        return logits.max(dim=-1).indices
+    chunks = logits.reshape(s, v // c, c)
+    first = chunks.amax(dim=-1).argmax(dim=-1)  # [S]
+    return first * c + chunks[torch.arange(s, device=logits.device), first].argmax(dim=-1)
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -117,7 +129,7 @@ def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
         if meta.row_seeds is not None and meta.row_seeds[row] is not None:
             generator.manual_seed(meta.row_seeds[row])
         _exponential_(q[row], generator)
-    return probs.div_(q).argmax(dim=-1)
+    return _argmax(probs.div_(q))
 
 
 def _exponential_(q: torch.Tensor, generator: torch.Generator | None) -> None:

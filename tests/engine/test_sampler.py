@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.sampling.sampler import Sampler, apply_penalties
+from engine.sampling.sampler import Sampler, _argmax, apply_penalties
 from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.sampling_params import SamplingParams
 
@@ -58,6 +58,21 @@ def test_greedy_equals_argmax():
     out = sample(logits, [SamplingParams(temperature=0.0)] * 16)
     assert torch.equal(out.sampled_token_ids, logits.argmax(dim=-1))
     assert out.logprobs is None and out.top_token_ids is None
+
+
+@pytest.mark.parametrize("shape", [(32, 262144), (3, 49152), (1, 151936), (2, 1000), (4, 7), (1, 256)])
+def test_the_two_level_argmax_is_the_first_maximum(shape):
+    """Chunk maxima then the first chunk's first maximum: the index torch's max gives, ties
+    (the first wins), a NaN (a maximum), a row of -inf (index 0), a vocabulary of no chunk size."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    x[0, shape[1] // 3] = x[0, shape[1] - 1] = 50.0  # a tie across chunks
+    if shape[0] > 1:
+        x[1] = float("-inf")
+    if shape[0] > 2:
+        x[2, 5] = float("nan")
+    assert torch.equal(_argmax(x), x.max(dim=-1).indices)
+    assert _argmax(x)[0] == shape[1] // 3
 
 
 def test_forward_does_not_modify_logits():
