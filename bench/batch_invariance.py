@@ -1,4 +1,5 @@
-"""What batch invariance costs (engine.config ``batch_invariant``): the bundled SmolLM2 with the
+"""What batch invariance costs (engine.config ``batch_invariant``): the bundled SmolLM2 (or
+``--model``) with the
 mode on (prompt rows through the fused C step, as decodes) and off (prompt chunks on the torch
 path), speculative decoding off in both (it runs only where the mode holds), two engines in one process, alternated ``--repeats`` times so a shared machine's drifting
 load hits both alike (each repeat in the other order). Prefix caching is off: every run computes its prompt.
@@ -14,7 +15,7 @@ Prints medians, the on/off ratios (target: the mode costs at most 5% at 1 and 32
 the CPU's model and flags.
 
     .venv/bin/python bench/batch_invariance.py [--tokens 512 2048 6000] [--repeats 2]
-        [--max-tokens 64] [--streams 32]
+        [--max-tokens 64] [--streams 32] [--model smollm2 | PATH.gguf]
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def many_streams(llm: LLM, streams: int, max_tokens: int) -> float:
 
 
 def _chat(llm: LLM, question: str) -> str:
+    """The question in the model's chat template; as plain text for a base model without one."""
     from engine.text.tokenizer import apply_chat_template
+    if not getattr(llm.tokenizer, "chat_template", None):
+        return question
     return apply_chat_template(llm.tokenizer, [{"role": "user", "content": question}])
 
 
@@ -72,10 +76,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--model", default="smollm2", help="a name or a path (a GGUF: e.g. Gemma 3 270M's)")
     args = ap.parse_args()
 
     # speculation off in both: it runs only where the mode holds, and would count as the mode's gain
-    engines = {mode: LLM("smollm2", enable_prefix_caching=False, batch_invariant=mode == "on",
+    engines = {mode: LLM(args.model, enable_prefix_caching=False, batch_invariant=mode == "on",
                          speculative_tokens=0)
                for mode in ("off", "on")}
     assert engines["on"].engine.runner.batch_invariant, "the mode does not apply here (see the log)"

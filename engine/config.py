@@ -210,12 +210,12 @@ class EngineConfig:
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of a shared prompt prefix", bool)
     batch_invariant: bool = _setting(
         True, "a request's tokens do not depend on the rest of its batch, how its prompt was chunked, "
-        "the prefix cache, the thread count or a preemption: where the fused CPU step runs (a plain "
-        "Llama-family layer over the engine's int4 kernel, a bf16 or float32 pool, no dense bf16 "
-        "copies), prompt tokens take its per-row arithmetic as decodes do. false: prompt chunks take "
-        "the torch path (SDPA's flash kernel, whose bits depend on where the prompt was cut). Where "
-        "the fused step does not run (CUDA, Gemma 3, Qwen3, 8-bit caches, LoRA rows) it is not "
-        "guaranteed; start-up states which holds", bool)
+        "the prefix cache, the thread count or a preemption: where the fused CPU step runs (Llama, "
+        "Mistral, Qwen2/3, Phi-3 or Gemma 3 layers over the engine's int4/int8 kernels, a bf16 or "
+        "float32 pool, no dense bf16 copies), prompt tokens take its per-row arithmetic as decodes "
+        "do. false: prompt chunks take the torch path (SDPA's flash kernel, whose bits depend on "
+        "where the prompt was cut). Where the fused step does not run (CUDA, experts, float "
+        "projections, 8-bit caches, LoRA rows) it is not guaranteed; start-up states which holds", bool)
     speculative_tokens: int = _setting(
         8, "speculative decoding by prompt lookup: most draft tokens a decoding sequence proposes "
         "in a step, copied from where its last tokens occurred before in its prompt or output, and "
