@@ -159,8 +159,11 @@ class FusedDecode:
                 return "experts or another block than attention and a gated MLP"
             if type(mlp.act) not in ACTIVATIONS or type(mlp.act) is not type(first.mlp.act):
                 return f"activation {type(mlp.act).__name__}"
-            if attn.attn.scale != first.self_attn.attn.scale or attn.rotary_emb.use_triton:
-                return "attention scaled per layer, or a Triton RoPE table"
+            if attn.attn.scale != first.self_attn.attn.scale:
+                return "attention scaled per layer"
+            rope = attn.rotary_emb
+            if rope.use_triton or rope.cos_sin_cache.dtype != torch.float32 or not rope.cos_sin_cache.is_contiguous():
+                return "a RoPE table other than the torch path's float32 [positions, 2, head_dim]"
             norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
                      getattr(layer, "pre_feedforward_layernorm", None),
                      getattr(layer, "post_feedforward_layernorm", None)]
