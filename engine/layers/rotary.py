@@ -22,21 +22,19 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.use_triton = use_triton
         cos, sin = rope_tables(head_dim, max_position, base, scaling, freq_factors)
-        if use_triton:
-            # [max_position, head_dim]: cos of the half-frequencies, then sin (the kernel's layout).
-            self.register_buffer("cos_sin_cache", torch.cat([cos, sin], dim=-1), persistent=False)
-        else:
-            # [max_position, 2, head_dim]: full-width cos, and sin with rotate_half's sign folded
-            # in, so rotate_half(x) * sin == roll(x, D/2) * [-sin, sin] exactly.
-            self.register_buffer("cos_sin_cache", torch.stack(
-                [torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)], dim=1), persistent=False)
+        # [max_position, head_dim] float32: cos of the half-frequencies, then their sin (the Triton
+        # kernel's and the fused CPU step's layout; half of a full-width cos and sin: Gemma 3's two
+        # tables of 32,768 positions were 128 MiB, a third of its weights' memory).
+        self.register_buffer("cos_sin_cache", torch.cat([cos, sin], dim=-1), persistent=False)
 
     def prepare(self, positions: torch.Tensor, dtype: torch.dtype):
         """Once per step: the (cos, sin) tables of ``positions`` for ``rotate``, each [T, 1, D]
-        in ``dtype``; None on the Triton path."""
+        in ``dtype``: full-width cos, and sin with rotate_half's sign folded in, so that
+        rotate_half(x) * sin == roll(x, D/2) * [-sin, sin] exactly; None on the Triton path."""
         if self.use_triton:
             return None
-        return self.cos_sin_cache[positions].to(dtype).unsqueeze(2).unbind(1)
+        cos, sin = self.cos_sin_cache[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
     def rotate(self, x: torch.Tensor, table) -> torch.Tensor:
         """x: [T, N, D] (any strides), table from ``prepare``.

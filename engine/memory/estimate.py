@@ -158,8 +158,9 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
             weights += vocab_rows * arch.hidden_size + vocab_rows * elem
         elif dtype == "float32":
             weights += vocab_rows * arch.hidden_size * 4
-    rope_width = arch.head_dim * (2 if config.use_triton is False or device == "cpu" else 1)
-    weights += arch.max_position * rope_width * 4  # the float32 RoPE table, one per model
+    # the float32 RoPE table, [max_position, head_dim] (cos and sin of the half-frequencies); Gemma
+    # 3's local layers have a second, not counted here
+    weights += arch.max_position * arch.head_dim * 4
 
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device,

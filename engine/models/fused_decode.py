@@ -57,7 +57,7 @@ class FusedDecode:
         self.dense_rows = dense_rows
         self._keep: list[torch.Tensor] = []  # float32 norms and biases the structs point into
         layers = (decode_step.Layer * len(inner.layers))()
-        tables = []  # each layer's RoPE table, float32 [max_position, 2, D]
+        tables = []  # each layer's RoPE table, float32 [max_position, D]: cos, then sin
         for layer, kv, out in zip(inner.layers, kv_caches, layers):
             attn, mlp = layer.self_attn, layer.mlp
             out.in_norm = self._norm(layer.input_layernorm)
@@ -163,7 +163,7 @@ class FusedDecode:
                 return "attention scaled per layer"
             rope = attn.rotary_emb
             if rope.use_triton or rope.cos_sin_cache.dtype != torch.float32 or not rope.cos_sin_cache.is_contiguous():
-                return "a RoPE table other than the torch path's float32 [positions, 2, head_dim]"
+                return "a RoPE table other than a float32 [positions, head_dim] of cos and sin"
             norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm,
                      getattr(layer, "pre_feedforward_layernorm", None),
                      getattr(layer, "post_feedforward_layernorm", None)]

@@ -66,9 +66,9 @@ def test_rotary_tables_rotate_q_and_k_bit_identically_to_transformers():
     positions = torch.tensor([0, 5, 63])
     q, k = torch.randn(3, H, D), torch.randn(3, KVH, D)
     rotated = rope.rotate(torch.cat([q, k], dim=1), rope.prepare(positions, torch.float32))
-    table = rope.cos_sin_cache[positions]  # [T, 2, D]: cos, then sin with rotate_half's sign
-    cos = table[:, 0][None]  # [1, T, D]
-    sin = torch.cat([table[:, 1, D // 2:]] * 2, dim=-1)[None]  # the plain sin
+    table = rope.cos_sin_cache[positions]  # [T, D]: cos, then sin of the D / 2 frequencies
+    cos = torch.cat([table[:, :D // 2]] * 2, dim=-1)[None]  # [1, T, D]
+    sin = torch.cat([table[:, D // 2:]] * 2, dim=-1)[None]  # the plain sin
     ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     assert torch.equal(rotated[:, :H], ref_q[0].transpose(0, 1))
     assert torch.equal(rotated[:, H:], ref_k[0].transpose(0, 1))

@@ -32,8 +32,9 @@ def test_bf16_norm_rotary_and_activation_give_transformers_bits():
     q, k = torch.randn(3, 6, 16).to(BF16), torch.randn(3, 2, 16).to(BF16)
     qkv = torch.cat([q, k, k], dim=1)  # rotated as a strided view of the heads, as the model does
     rotated = rope.rotate(qkv[:, :8], rope.prepare(positions, BF16))
-    table = rope.cos_sin_cache[positions]
-    cos, sin = table[:, 0][None].to(BF16), torch.cat([table[:, 1, 8:]] * 2, dim=-1)[None].to(BF16)
+    table = rope.cos_sin_cache[positions]  # [T, 16]: cos, then sin of the 8 frequencies
+    cos = torch.cat([table[:, :8]] * 2, dim=-1)[None].to(BF16)
+    sin = torch.cat([table[:, 8:]] * 2, dim=-1)[None].to(BF16)
     ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     assert torch.equal(rotated[:, :6], ref_q[0].transpose(0, 1))
     assert torch.equal(rotated[:, 6:], ref_k[0].transpose(0, 1))

@@ -49,16 +49,17 @@ static void add_norm(float *r, const float *o, const float *w, int64_t n, float 
     rms_norm(r, w, n, eps, out);
 }
 
-/* x [D] rotated in place by the table row [2, D]: full-width cos, then sin with rotate_half's
-   sign folded in (engine/layers/rotary.py's layout). */
+/* x [D] rotated in place by the table row [D]: cos of the D / 2 frequencies, then their sin
+   (engine/layers/rotary.py's layout): x * cos + rotate_half(x) * sin, as the torch path. */
 static void rotate(float *x, const float *cs, int64_t D) {
     float tmp[512];
     const int64_t half = D / 2;
+    const float *sn = cs + half;
     for (int64_t i = 0; i < D; i++) tmp[i] = x[i];
 #pragma omp simd
-    for (int64_t i = 0; i < half; i++) x[i] = tmp[i] * cs[i] + tmp[i + half] * cs[D + i];
+    for (int64_t i = 0; i < half; i++) x[i] = tmp[i] * cs[i] + tmp[i + half] * -sn[i];
 #pragma omp simd
-    for (int64_t i = half; i < D; i++) x[i] = tmp[i] * cs[i] + tmp[i - half] * cs[D + i];
+    for (int64_t i = half; i < D; i++) x[i] = tmp[i] * cs[i - half] + tmp[i - half] * sn[i - half];
 }
 
 static inline void product(const pg_proj *p, const float *x, int64_t B, int64_t K, float *y,
@@ -156,7 +157,7 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                     for (int64_t hh = 0; hh < H; hh++) rms_norm(row + hh * D, L->q_norm, D, s->eps, row + hh * D);
                     for (int64_t hh = H; hh < H + KVH; hh++) rms_norm(row + hh * D, L->k_norm, D, s->eps, row + hh * D);
                 }
-                const float *cs = L->cos_sin + positions[b] * 2 * D;
+                const float *cs = L->cos_sin + positions[b] * D;
                 for (int64_t hh = 0; hh < H + KVH; hh++) rotate(row + hh * D, cs, D);
                 char *kd = (char *)L->k_cache + sl[b] * KVH * D * esize;
                 char *vd = (char *)L->v_cache + sl[b] * KVH * D * esize;

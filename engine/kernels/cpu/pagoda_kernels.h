@@ -36,7 +36,8 @@ typedef struct {
     /* NULL, or float32 [hidden]: Gemma's norms of attention's and of the MLP's output, before each
        joins the residual */
     const float *attn_out_norm, *mlp_out_norm;
-    const float *cos_sin; /* float32 [max_position, 2, head_dim]: this layer's RoPE table */
+    const float *cos_sin; /* float32 [max_position, head_dim]: this layer's RoPE table, cos then sin
+                             of the head_dim / 2 frequencies */
     int64_t window; /* 0, or the last tokens a sliding-window layer attends to (its own included);
                        such a layer's K/V are at the step's window slots and tables */
 } pg_layer;
