@@ -111,7 +111,8 @@ def _window_metadata(ordered, prefills, decodes, meta, block_size, device, fused
                              table="window_table")
         if fused_decode:
             _fill_decode_tables(window, decodes, device, "window_table")
-    if meta.decode_block_tables is not None and window.decode_block_tables is not None:  # one width for both (decode_step.c's table_width)
+    # one width for both tables (decode_step.c's table_width)
+    if meta.decode_block_tables is not None and window.decode_block_tables is not None:
         meta.decode_block_tables, window.decode_block_tables = _same_width(
             meta.decode_block_tables, window.decode_block_tables)
     return window

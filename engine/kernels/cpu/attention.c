@@ -229,7 +229,7 @@ static inline __attribute__((always_inline)) void softmax_block(float *scores, i
                                                                 float *mx, float *total, const int64_t D) {
     for (int64_t g = 0; g < heads; g++) {
         float *sg = scores + g * bs, bmax = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < skip; j++) sg[j] = 0.0f; /* after the maximum: the loops below skip them */
+        for (int64_t j = 0; j < skip; j++) sg[j] = 0.0f; /* masked: p 0; the maximum and the sum start after them */
 #pragma omp simd reduction(max : bmax)
         for (int64_t j = skip; j < n; j++) bmax = sg[j] > bmax ? sg[j] : bmax;
         if (bmax > mx[g]) { /* rescale what came before to the new maximum */
