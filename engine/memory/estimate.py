@@ -101,6 +101,7 @@ class _Arch:
     num_kv_heads: int
     head_dim: int
     max_position: int
+    rope_tables: int = 1  # Gemma 3: its local layers' base has a table of its own
 
 
 def estimate_memory(model: str, settings: dict | None = None, *, device: str | None = None,
@@ -158,9 +159,8 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
             weights += vocab_rows * arch.hidden_size + vocab_rows * elem
         elif dtype == "float32":
             weights += vocab_rows * arch.hidden_size * 4
-    # the float32 RoPE table, [max_position, head_dim] (cos and sin of the half-frequencies); Gemma
-    # 3's local layers have a second, not counted here
-    weights += arch.max_position * arch.head_dim * 4
+    # the float32 RoPE tables, [max_position, head_dim] each (cos and sin of the half-frequencies)
+    weights += arch.rope_tables * arch.max_position * arch.head_dim * 4
 
     max_model_len = min(config.max_model_len or arch.max_position, arch.max_position)
     kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device,
@@ -271,7 +271,8 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
                  num_layers=int(field(f"{name}.block_count")), num_heads=heads,
                  num_kv_heads=int(field(f"{name}.attention.head_count_kv", heads)),
                  head_dim=int(field(f"{name}.attention.key_length", hidden // heads)),
-                 max_position=int(field(f"{name}.context_length", 2048)))
+                 max_position=int(field(f"{name}.context_length", 2048)),
+                 rope_tables=2 if name == "gemma3" else 1)
     return arch, tensors, parts * READER_BYTES_PER_PART
 
 
@@ -344,7 +345,8 @@ def _read_safetensors(path: Path) -> tuple[_Arch, list[_Tensor], int]:
                  intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
                  num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                  head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-                 max_position=int(cfg.get("max_position_embeddings", 2048)))
+                 max_position=int(cfg.get("max_position_embeddings", 2048)),
+                 rope_tables=2 if cfg.get("model_type") in ("gemma3", "gemma3_text") else 1)
     quant = cfg.get("quantization_config") or {}
     native = (("int4", int(quant.get("group_size", 32))) if quant.get("bits") == 4 else
               ("int8", None) if quant.get("bits") == 8 else None)
