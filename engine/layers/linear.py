@@ -289,10 +289,12 @@ class LMHead(nn.Module):
         """Memory of the oneDNN copy (not a registered tensor; the int8 copy is a submodule)."""
         return 0 if self.packed_fp32 is None else self.weight.numel() * 4
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [S, hidden] -> float32 logits [S, vocab]; ``out``: a contiguous float32 [S, vocab]
+        the native int8 path writes into (the other paths return a tensor of their own)."""
         if self.q8_weight is not None and hidden.dtype in qmatmul.DTYPES:
             return qmatmul.int8_matmul(hidden if hidden.stride(-1) == 1 else hidden.contiguous(),
-                                       self.q8_weight, self.q8_scales, out_dtype=torch.float32)
+                                       self.q8_weight, self.q8_scales, out_dtype=torch.float32, out=out)
         if self.small_rows is not None and hidden.shape[0] <= LM_HEAD_INT8_MAX_ROWS:
             return self.small_rows(hidden).float()
         if self.packed_fp32 is not None:

@@ -193,10 +193,14 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [T] -> hidden states [T, hidden]."""
         return self.model(input_ids, positions, kv_caches, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: [S, hidden] -> float32 logits [S, vocab] (engine/layers/linear.LMHead); tensor
-        parallel: on rank 0, None on the others. Soft-capped (Gemma) as cap * tanh(x / cap)."""
-        logits = self.tp.gather_vocab(self.lm_head(hidden)) if self.tp_size > 1 else self.lm_head(hidden)
+        parallel: on rank 0, None on the others. Soft-capped (Gemma) as cap * tanh(x / cap).
+        ``out``: a float32 [S, vocab] the head may write into (LMHead.forward), not tensor parallel."""
+        if self.tp_size > 1:
+            logits = self.tp.gather_vocab(self.lm_head(hidden))
+        else:
+            logits = self.lm_head(hidden, out=out)
         cap = self.config.final_logit_softcapping
         if cap and logits is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -147,13 +147,17 @@ def _scratch(nbytes: int) -> int:
     return buf.data_ptr()
 
 
-def _call(fn, x: torch.Tensor, w: int, d: int, m: int | None, n: int, bias, out_dtype) -> torch.Tensor:
-    """One kernel call; kept lean, it runs ~120 times a decode step."""
+def _call(fn, x: torch.Tensor, w: int, d: int, m: int | None, n: int, bias, out_dtype,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """One kernel call; kept lean, it runs ~120 times a decode step. ``out``: the [M, N] tensor
+    to write (contiguous, out_dtype), instead of a new one."""
     rows, k = x.shape
     if x.stride(1) != 1 or not (x.dtype is torch.bfloat16 or x.dtype is torch.float32):
         raise ValueError("the CPU kernels take fp32 or bf16 activations with contiguous rows")
     out_dtype = out_dtype or x.dtype
-    y = torch.empty(rows, n, dtype=out_dtype)
+    if out is not None and (out.shape != (rows, n) or out.dtype != out_dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {out_dtype} [{rows}, {n}], not {out.dtype} {tuple(out.shape)}")
+    y = torch.empty(rows, n, dtype=out_dtype) if out is None else out
     if rows == 0:
         return y
     scratch = _scratch(_scratch_bytes(rows, k))
@@ -176,10 +180,10 @@ def int4_matmul(x: torch.Tensor, nibbles: torch.Tensor, d: torch.Tensor, m: torc
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """int4_matmul's contract for int8 weights (pack_int8)."""
+                lib: ctypes.CDLL | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int4_matmul's contract for int8 weights (pack_int8); ``out``: _call's."""
     return _call((lib or library()).pagoda_q8_matmul, x, packed.data_ptr(), d.data_ptr(), None,
-                 packed.shape[0] * packed.shape[3], bias, out_dtype)
+                 packed.shape[0] * packed.shape[3], bias, out_dtype, out)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
