@@ -11,7 +11,7 @@ is the real one extended by t_0, so t_1 is again the model's token for the real 
 on, up to the first disagreement, whose t_a is the model's token there, not the draft's. With
 temperature 0 the tokens are the model's argmaxes, and with batch invariance (the fused CPU
 step computes each row alone) they are bit for bit those of decoding one token a step. With
-temperature > 0 each row samples by the exponential race from its own noise: a seeded request's
+temperature > 0 each row samples by the inverse CDF from its own uniform: a seeded request's
 noise for the token at position p comes from (seed, p) alone (the sampler's ``row_seeds``), so it
 draws the same tokens with or without speculation; an unseeded one draws fresh noise per row,
 which is a sample of the model's distribution all the same. A draft token is accepted with

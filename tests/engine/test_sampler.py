@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.sampling.sampler import Sampler, _argmax, apply_penalties
+from engine.sampling.sampler import Sampler, _argmax, _inverse_cdf, apply_penalties
 from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.sampling_params import SamplingParams
 
@@ -73,6 +73,40 @@ def test_the_two_level_argmax_is_the_first_maximum(shape):
         x[2, 5] = float("nan")
     assert torch.equal(_argmax(x), x.max(dim=-1).indices)
     assert _argmax(x)[0] == shape[1] // 3
+
+
+def test_the_inverse_cdf_draws_in_proportion_to_the_weights_and_never_a_zero_one():
+    """Two levels (chunks of 256 of a 4,096-token row): the counts over 200,000 draws pass a
+    chi-square test against the weights' shares (tokens expected 5+ times; the rest pooled), and
+    zero weights (whole chunks of them, single tokens between positive ones, the row's last) are
+    never drawn, nor for u at the edges of [0, 1)."""
+    g = torch.Generator().manual_seed(0)
+    weights = torch.rand(4096, generator=g) ** 4
+    weights[:700] = 0.0  # whole chunks, and part of the third
+    weights[1000:1010] = 0.0
+    weights[-1] = 0.0
+    draws = 200_000
+    u = torch.rand(draws, generator=g, dtype=torch.float64)
+    u[:3] = torch.tensor([0.0, 0.5, 1.0 - 2.0 ** -53], dtype=torch.float64)
+    tokens = _inverse_cdf(weights.expand(draws, -1), u)
+    assert weights[tokens].min() > 0
+    expected = draws * weights.double() / weights.double().sum()
+    counts = torch.bincount(tokens, minlength=4096).double()
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    chi2, dof = float(((observed - wanted) ** 2 / wanted).sum()), len(wanted) - 1
+    assert chi2 < dof + 6 * (2 * dof) ** 0.5, (chi2, dof)  # mean dof, sd sqrt(2 dof)
+
+
+def test_temperature_sampling_over_a_chunked_vocabulary_follows_the_softmax():
+    """The sampler end to end on a 2,048-token row (its two-level draw), temperature 0.7."""
+    row = random_logits(1, 2048, seed=5)[0]
+    torch.manual_seed(0)
+    rows = row.expand(NUM_DRAWS, -1).contiguous()
+    tokens = sample(rows, [SamplingParams(temperature=0.7)] * NUM_DRAWS).sampled_token_ids
+    freq = torch.bincount(tokens, minlength=2048).float() / NUM_DRAWS
+    assert (freq - (row / 0.7).softmax(dim=-1)).abs().max() < FREQ_TOL
 
 
 def test_forward_does_not_modify_logits():
