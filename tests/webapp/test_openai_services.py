@@ -97,3 +97,18 @@ def test_a_template_that_refuses_the_conversation_is_a_400_on_messages(api_key, 
         prepare(api_key, CHAT, {"model": "smol", "messages": [{"role": "user", "content": "hi"}]})
     assert (caught.value.status, caught.value.param) == (400, "messages")
     assert "alternate" in caught.value.message
+
+
+def test_preparing_a_request_reads_the_registry_once(api_key, django_assert_max_num_queries):
+    """Every request pays for this with the GIL held, beside the engine's thread (embedded mode):
+    the model, its version and the key's scope are looked up once (they were twice), the budget
+    rows once, and the usage record is written once."""
+    prepare(api_key, COMPLETIONS, {"model": "smol", "prompt": "warm"})  # the tokenizer loads
+    with django_assert_max_num_queries(6):
+        prepare(api_key, COMPLETIONS, {"model": "smol", "prompt": "Once upon a time", "logit_bias": {"5": 1}})
+
+
+def test_a_logit_bias_beyond_the_vocabulary_names_its_size(api_key, smollm2_hf_tokenizer):
+    with pytest.raises(OpenAIError) as err:
+        prepare(api_key, COMPLETIONS, {"model": "smol", "prompt": "x", "logit_bias": {"49152": 1}})
+    assert err.value.param == "logit_bias" and "49152" in str(err.value.message)

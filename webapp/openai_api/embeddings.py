@@ -93,7 +93,7 @@ def embedding_prepare(*, request_id: str, api_key: ApiKey, values: dict, started
             f"the model {slug!r} gives {spec['dimensions']}-dimensional embeddings and was not trained "
             f"to be truncated (no Matryoshka support); omit dimensions or pass {spec['dimensions']}"))
     max_len = version.engine_settings.get("max_model_len") or spec["max_seq_length"]
-    vocab = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = tokenizer.vocab_size
     inputs = []
     for i, item in enumerate(values["input"]):
         ids = tokenizer.encode(item) if isinstance(item, str) else item

@@ -173,11 +173,17 @@ def model_target_for_key(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, A
 
 def model_served(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, ModelTokenizer]:
     """``model_version_for_key`` and its tokenizer; 503 model_not_ready while that is being exported."""
-    version = model_version_for_key(api_key=api_key, slug=slug)
+    version, _adapter, tokenizer = _target_served(api_key=api_key, slug=slug)
+    return version, tokenizer
+
+
+def _target_served(*, api_key: ApiKey, slug: str) -> tuple[ModelVersion, Adapter | None, ModelTokenizer]:
+    """``model_target_for_key`` and the version's tokenizer (model_served's 503 while it is exported)."""
+    version, adapter = model_target_for_key(api_key=api_key, slug=slug)
     if not version.tokenizer_dir:
         raise errors.OpenAIError(503, f"the model {slug!r} is still being prepared", type="server_error",
                                  param="model", code="model_not_ready")
-    return version, modelversion_tokenizer(version)
+    return version, adapter, modelversion_tokenizer(version)
 
 
 def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> int:
@@ -188,11 +194,10 @@ def served_max_model_len(version: ModelVersion, tokenizer: ModelTokenizer) -> in
 def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, values: dict, started: float) -> Generation:
     """Resolve the model and tokenize a validated body (the API's InputSerializer); OpenAIError on any refusal."""
     is_chat = "messages" in values
-    version, tokenizer = model_served(api_key=api_key, slug=values["model"])
+    version, adapter, tokenizer = _target_served(api_key=api_key, slug=values["model"])  # adapter: LoRA or None
     if tokenizer.embedding is not None:
         raise errors.invalid_parameter("model", f"the model {values['model']!r} is an embedding model and "
                                                 f"does not generate text; use /v1/embeddings")
-    adapter = model_target_for_key(api_key=api_key, slug=values["model"])[1]  # a LoRA adapter, or None
     num_shared, prompts = 0, None
     if is_chat:
         max_tokens = values.get("max_completion_tokens") or values.get("max_tokens")
@@ -210,9 +215,8 @@ def generation_prepare(*, request_id: str, endpoint: str, api_key: ApiKey, value
                    else tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
                    for prompt in prompt_list(values["prompt"])]
         prompt_ids = prompts[0]
-    vocab = tokenizer.tokenizer.get_vocab_size()
-    if values.get("logit_bias") and max(values["logit_bias"]) >= vocab:
-        raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {vocab}")
+    if values.get("logit_bias") and max(values["logit_bias"]) >= tokenizer.vocab_size:
+        raise errors.invalid_parameter("logit_bias", f"token ids must be below the vocabulary size {tokenizer.vocab_size}")
     num_samples = max(values.get("n") or 1, values.get("best_of") or 1)
     all_prompts = prompts or [prompt_ids]
     num_prompt_tokens = sum(len(ids) for ids in all_prompts)
@@ -271,7 +275,7 @@ def prompt_tokenize(*, api_key: ApiKey, values: dict) -> dict:
 def tokens_detokenize(*, api_key: ApiKey, model: str, tokens: list[int]) -> dict:
     """POST /detokenize's answer: the text of ``tokens``, special tokens included."""
     _version, tokenizer = model_served(api_key=api_key, slug=model)
-    vocab = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = tokenizer.vocab_size
     bad = [t for t in tokens if t >= vocab]
     if bad:
         raise errors.invalid_parameter("tokens", f"token ids must be below the vocabulary size {vocab}, got {bad[:5]}")
