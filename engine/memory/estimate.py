@@ -30,11 +30,14 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from engine.kernels.cpu import cpu_info
 from engine.kernels.cpu import build as native_kernels
 from engine.config import EngineConfig, resolve_kv_cache_dtype, resolve_quantization, resolve_use_triton
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.memory.kv_pool_sizing import KV_SCALE_BYTES, kv_bytes_per_token, num_kv_blocks
+from engine.models.gguf_file import read_header
 from engine.models.gguf_names import GGML_TYPES, NATIVE_LAYOUTS, hf_name
 from engine.models.registry import checkpoint_format, resolve_model_path
 
@@ -54,7 +57,7 @@ class Estimate:
     weights_bytes: int
     kv_cache_bytes: int
     activation_bytes: int
-    reader_bytes: int  # the checkpoint's parsed metadata while loading (GGUF: gguf's reader), freed after
+    reader_bytes: int  # the checkpoint's parsed metadata while loading (GGUF: its numeric arrays), freed after
     tokenizer_bytes: int  # the engine's tokenizer (vocabulary and merges), resident
     kv_tokens: int
     dtype: str
@@ -248,12 +251,13 @@ def _activation_bytes(config: EngineConfig, kv_cache_dtype: str, arch: _Arch, tp
 
 # ----------------------------------------------------------------- checkpoint headers
 def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
-    """The architecture, the tensor table, and the bytes gguf's GGUFReader keeps for the file's
-    metadata (the loader keeps one reader; see READER_BYTES_PER_PART)."""
+    """The architecture, the tensor table, and the bytes the loader's reader keeps for the file's
+    metadata while it loads (engine/models/gguf_file.py: its numeric arrays; strings are skipped)."""
     try:
-        fields, infos, parts, _ = gguf_header(path)
+        header = read_header(path)
     except (OSError, ValueError, struct.error) as exc:
         raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+    fields = header.fields
 
     def field(key: str, default=None):
         value = fields.get(key, default)
@@ -262,9 +266,9 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
     name = field("general.architecture")
     hidden = int(field(f"{name}.embedding_length"))
     heads = int(field(f"{name}.attention.head_count"))
-    tensors = [_Tensor(hf_name(t_name) or t_name, tuple(reversed(dims)),
-                       NATIVE_LAYOUTS.get(GGML_TYPES.get(kind)))
-               for t_name, dims, kind, _ in infos]  # GGUF lists dims [in, out]
+    tensors = [_Tensor(hf_name(t.name) or t.name, tuple(reversed(t.dims)),
+                       NATIVE_LAYOUTS.get(GGML_TYPES.get(t.kind)))
+               for t in header.tensors]  # GGUF lists dims [in, out]
     vocab = next(t.shape[0] for t in tensors if t.name == "model.embed_tokens.weight")
     arch = _Arch(vocab_size=vocab, hidden_size=hidden,
                  intermediate_size=int(field(f"{name}.feed_forward_length")),
@@ -273,66 +277,12 @@ def _read_gguf(path: Path) -> tuple[_Arch, list[_Tensor], int]:
                  head_dim=int(field(f"{name}.attention.key_length", hidden // heads)),
                  max_position=int(field(f"{name}.context_length", 2048)),
                  rope_tables=2 if name == "gemma3" else 1)
-    return arch, tensors, parts * READER_BYTES_PER_PART
+    return arch, tensors, sum(v.nbytes for v in fields.values() if isinstance(v, np.ndarray))
 
 
-# gguf 0.19's GGUFReader keeps a numpy view per part of each metadata field (a string array item
-# is two: its length and its bytes) in the reader the loader caches: measured 155.8 MiB for
-# SmolLM2's 245,408 parts, 666 bytes a part.
-READER_BYTES_PER_PART = 666
 # The engine's own tokenizer (transformers' fast tokenizer: vocabulary, merges, added tokens), in
 # RssAnon after malloc_trim: 34.7 and 35.8 MB for SmolLM2's 49,152 tokens in two configurations.
 TOKENIZER_BYTES_PER_TOKEN = 720
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int, int]], int, int]:
-    """GGUF v2/v3 metadata (arrays of strings are counted, not kept) and tensor infos (name,
-    dims, type, offset in the data), without gguf's reader (seconds and 150 MiB for a
-    vocabulary); the number of reader parts; where the tensor data starts."""
-    with open(path, "rb") as f:
-        def read(fmt: str):
-            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-        def string() -> str:
-            return f.read(read("<Q")).decode("utf-8", "replace")
-
-        if f.read(4) != b"GGUF" or read("<I") < 2:
-            raise ValueError("not a GGUF v2/v3 file")
-        num_tensors, num_fields = read("<Q"), read("<Q")
-        fields, parts = {}, 0
-
-        def value(kind: int, keep: bool = True):
-            nonlocal parts
-            if kind == 8:
-                parts += 2
-                text = string()
-                return text if keep else None
-            if kind == 9:
-                item_kind, count = read("<I"), read("<Q")
-                parts += 2
-                if item_kind in _SCALARS and item_kind != 8:
-                    size = struct.calcsize(_SCALARS[item_kind])
-                    data = f.read(size * count)
-                    parts += count
-                    return list(struct.unpack(f"<{count}{_SCALARS[item_kind][1]}", data)) if count < 1024 else None
-                return [value(item_kind, keep=False) for _ in range(count)] and None
-            parts += 1
-            return read(_SCALARS[kind])
-
-        for _ in range(num_fields):
-            parts += 3
-            key = string()
-            fields[key] = value(read("<I"))
-        infos = []
-        for _ in range(num_tensors):
-            t_name = string()
-            dims = [read("<Q") for _ in range(read("<I"))]
-            kind, offset = read("<I"), read("<Q")
-            infos.append((t_name, dims, kind, offset))
-        alignment = int(fields.get("general.alignment") or 32)
-        data_start = -(-f.tell() // alignment) * alignment
-    return fields, infos, parts, data_start
 
 
 def _read_safetensors(path: Path) -> tuple[_Arch, list[_Tensor], int]:

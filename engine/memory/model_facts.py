@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.memory.estimate import gguf_header
 from engine.memory.kv_pool_sizing import window_split
+from engine.models.gguf_file import read_header
 from engine.models.gguf_names import GGML_TYPES
 from engine.models.registry import checkpoint_format, resolve_model_path, supported_architecture
 
@@ -82,9 +82,10 @@ def model_facts(model: str) -> ModelFacts:
 
 def _gguf_facts(path: Path) -> ModelFacts:
     try:
-        fields, infos, _, data_start = gguf_header(path)
+        header = read_header(path)
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+    fields, infos, data_start = header.fields, header.tensors, header.data_start
 
     def field(key: str, default=None):
         value = fields.get(key, default)
@@ -104,7 +105,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
     _check_gguf_tensors(path, infos, data_start, meta, num_layers)
     window = field(f"{name}.attention.sliding_window") if family == "gemma3" else None
     windows = [window if window and (i + 1) % GEMMA3_GGUF_PATTERN else None for i in range(num_layers)]
-    types = Counter(GGML_TYPES.get(kind, f"type {kind}") for _, _, kind, _ in infos)
+    types = Counter(GGML_TYPES.get(t.kind, f"type {t.kind}") for t in infos)
     return ModelFacts(family, int(field(f"{name}.context_length", 2048)), num_layers, windows,
                       dict(types))
 
@@ -113,7 +114,7 @@ def _check_gguf_tensors(path: Path, infos, data_start: int, meta: dict, num_laye
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     size = path.stat().st_size
-    for t_name, dims, kind, offset in infos:
+    for t_name, dims, kind, offset in ((t.name, t.dims, t.kind, t.offset) for t in infos):
         try:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
         except (ValueError, KeyError):

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from engine.errors import ModelLoadError
 from engine.models.model_config import ModelConfig
 from engine.models.registry import supported_architecture
+from engine.models.gguf_file import GGUFFile
 from engine.models.gguf_names import NATIVE_LAYOUTS, hf_name
 from engine.quantization.gguf import int8_blocks, q4_k_to_int4, q4_to_int4
 from engine.quantization.int4 import Int4Weight
@@ -38,7 +38,7 @@ def hf_tensor_name(gguf_name: str, architecture: str | None = None) -> str:
     return name
 
 
-def _open(path: Path) -> GGUFReader:
+def _open(path: Path) -> GGUFFile:
     try:
         return _cached_reader(str(path.resolve()), path.stat().st_mtime_ns)
     except (OSError, ValueError) as exc:
@@ -46,20 +46,18 @@ def _open(path: Path) -> GGUFReader:
 
 
 @lru_cache(maxsize=1)
-def _cached_reader(path: str, mtime_ns: int) -> GGUFReader:
-    # Parsing the metadata (tens of thousands of vocabulary strings) takes ~2 s; config and
-    # weights loading both need it. The tensors stay memory-mapped, but the parsed metadata is
-    # ~150 MiB of Python objects for SmolLM2: forget_readers() drops it once the model is loaded.
-    return GGUFReader(path)
+def _cached_reader(path: str, mtime_ns: int) -> GGUFFile:
+    # Config and weights loading both read it; forget_readers() drops its memory map once the
+    # model is loaded.
+    return GGUFFile(path)
 
 
 def forget_readers() -> None:
     _cached_reader.cache_clear()
 
 
-def _field(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFFile, key: str, default=None):
+    return reader.field(key, default)
 
 
 def _float(value) -> float:
@@ -76,7 +74,7 @@ def _single(value, key: str) -> int:
     return int(value)
 
 
-def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
+def _rope_scaling(reader: GGUFFile, arch: str) -> dict | None:
     kind = _field(reader, f"{arch}.rope.scaling.type")
     factor = _field(reader, f"{arch}.rope.scaling.factor")
     if kind is None and _field(reader, f"{arch}.rope.scale_linear") is not None:
@@ -115,8 +113,7 @@ def load_gguf_config(path: Path) -> ModelConfig:
     if rotary_dim != head_dim:
         raise ModelLoadError(
             f"GGUF file {str(path)!r}: partial rotary ({rotary_dim} of {head_dim}) not supported")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab_size = _field(reader, f"{gguf_arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    vocab_size = _field(reader, f"{gguf_arch}.vocab_size") or reader.count("tokenizer.ggml.tokens")
     if vocab_size is None:
         vocab_size = int(next(t.shape[-1] for t in reader.tensors if t.name == "token_embd.weight"))
     # A chat model's end-of-turn token (Llama 3's <|eot_id|>) stops generation like eos does.
@@ -209,7 +206,7 @@ class GGUFWeights:
         dequantized to float32."""
         for name, tensor in self._tensors:
             # GGUF shapes list the fastest-varying dimension first; HF's [out, in] is the reverse.
-            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            shape = tuple(reversed(tensor.shape))
             qtype = tensor.tensor_type.name
             if name in keep_quantized:
                 if qtype == "Q4_K":

@@ -46,10 +46,9 @@ def _convert_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 def _gguf_chat_template(path: Path) -> str | None:
     """The GGUF's own tokenizer.chat_template, None when it carries none (Gemma 3 270M's)."""
-    from gguf import GGUFReader
+    from engine.models.gguf_file import read_header
 
-    field = GGUFReader(path).fields.get("tokenizer.chat_template")
-    return None if field is None else field.contents()
+    return read_header(path).fields.get("tokenizer.chat_template")
 
 
 def gguf_tokenizer_dir(path: Path) -> Path | None:
