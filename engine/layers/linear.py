@@ -56,6 +56,29 @@ def default_weight_loader(param: nn.Parameter, loaded, shard_id=None) -> None:
     param.data.copy_(loaded)
 
 
+def embedding_weight_loader(param: nn.Parameter, loaded, shard_id=None) -> None:
+    """default_weight_loader for a (tied) token embedding, which also takes a checkpoint's int8
+    blocks (a GGUF's Q8_0 or Q5_0 token_embd: ``weights_for`` hands them over as they are): they
+    are written into the float table a chunk of rows at a time, with no float32 copy of the whole
+    vocabulary, and kept as ``param.int8_blocks`` for LMHead.prepare, whose int8 copy is then the
+    file's own codes rather than a re-rounding of the table."""
+    if not (isinstance(loaded, Int8Weight) and loaded.is_blocked):
+        default_weight_loader(param, loaded, shard_id)
+        return
+    if shard_id is not None:
+        raise ValueError(f"this parameter has no shard {shard_id!r}")
+    if param.shape != loaded.shape:
+        raise ShapeMismatchError(tuple(loaded.shape), tuple(param.shape))
+    for start in range(0, param.shape[0], EMBEDDING_CHUNK_ROWS):
+        rows = slice(start, start + EMBEDDING_CHUNK_ROWS)
+        param.data[rows] = Int8Weight(loaded.q[rows], loaded.scales[rows]).dequantize()
+    param.int8_blocks = loaded
+
+
+embedding_weight_loader.takes_int8_blocks = True
+EMBEDDING_CHUNK_ROWS = 8192
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b), with the weight stored [out, in] as in HF checkpoints."""
 
@@ -274,11 +297,14 @@ class LMHead(nn.Module):
     def prepare(self, *, int8_small_rows: bool) -> None:
         """int8_small_rows: the model runs the quantized fast path (an int8 copy is welcome)."""
         weight = self.weight.detach()
+        blocks = getattr(self.weight, "int8_blocks", None)  # the checkpoint's own (embedding_weight_loader)
+        self.weight.int8_blocks = None  # packed below or not at all: not kept twice
         self.packed_fp32 = self.small_rows = self.q8_weight = self.q8_scales = None
         if weight.device.type != "cpu":
             return
         if int8_small_rows and weight.dtype in qmatmul.DTYPES and qmatmul.supports(*weight.shape):
-            self.q8_weight, self.q8_scales = qmatmul.pack_int8(*_int8_blocks_by_chunks(weight))
+            self.q8_weight, self.q8_scales = qmatmul.pack_int8(
+                *((blocks.q, blocks.scales) if blocks is not None else _int8_blocks_by_chunks(weight)))
         elif int8_small_rows and weight.dtype == torch.bfloat16 and weight.shape[1] % 16 == 0:
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
         elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():

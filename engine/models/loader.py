@@ -189,6 +189,9 @@ def weights_for(source, plan: dict[str, tuple], model: nn.Module):
     native = source.native_layouts()
     keep = frozenset(n for layer, layout in plan.items() for n in _checkpoint_names(model, layer)
                      if native.get(n) == layout)
+    keep |= {name for name, param in model.named_parameters()  # a GGUF's int8 token embedding
+             if native.get(name) == ("int8", None)
+             and getattr(getattr(param, "weight_loader", None), "takes_int8_blocks", False)}
     return source.iterate(keep)
 
 

@@ -238,3 +238,36 @@ def test_a_tied_embedding_reads_the_lm_heads_int8_table_and_the_float_table_is_f
     codes, d = q4.unpack_int8(head.q8_weight, head.q8_scales)
     expected = (codes[ids].float().reshape(5, -1, 32) * d[ids][..., None]).reshape(5, 576)
     assert torch.equal(rows, expected.to(runner.dtype))
+    # the table is the GGUF's own Q8_0 blocks, not a re-rounding of their float copy
+    from engine.models.gguf_file import GGUFFile
+    from engine.models.registry import resolve_model_path
+    from engine.quantization.gguf import int8_blocks
+
+    (token_embd,) = [t for t in GGUFFile(resolve_model_path("smollm2")).tensors if t.name == "token_embd.weight"]
+    assert token_embd.tensor_type.name == "Q8_0"
+    file_codes, file_d = int8_blocks(token_embd.data, (49152, 576), "Q8_0")
+    assert torch.equal(codes, file_codes) and torch.equal(d, file_d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_embeddings_int8_blocks_become_the_lm_heads_codes_as_they_are(dtype):
+    """A GGUF's Q8_0 token_embd reaches the (tied) embedding as its blocks: the float table is
+    written from them, and the LM head packs them as they are. Codes that do not reach 127 in a
+    block (a re-rounding of the table would stretch them to) prove it is not re-rounded."""
+    from engine.layers.linear import LMHead, embedding_weight_loader
+    from engine.quantization.int8 import Int8Weight
+
+    torch.manual_seed(0)
+    n, k = 64, 96
+    q = torch.randint(-60, 61, (n, k), dtype=torch.int8)
+    d = torch.rand(n, k // 32) / 100 + 1e-3
+    d = d.half().float()  # fp16 scales, as a GGUF stores them
+    table = torch.nn.Parameter(torch.empty(n, k, dtype=dtype), requires_grad=False)
+    embedding_weight_loader(table, Int8Weight(q, d))
+    dense = (q.float().reshape(n, -1, 32) * d[..., None]).reshape(n, k)
+    assert torch.equal(table, dense.to(dtype))
+    head = LMHead(k, n, tied=table)
+    head.prepare(int8_small_rows=True)
+    codes, scales = q4.unpack_int8(head.q8_weight, head.q8_scales)
+    assert torch.equal(codes, q) and torch.equal(scales, d)
+    assert table.int8_blocks is None  # not kept beside the packed copy
