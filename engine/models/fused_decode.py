@@ -32,6 +32,7 @@ import torch
 from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.attention_metadata import AttentionMetadata
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
+from engine.memory.kept_buffer import KeptBuffer
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 from engine.quantization.int8 import Int8WeightOnlyLinear
@@ -90,8 +91,8 @@ class FusedDecode:
             bf16_products=int(self.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16),
             gelu=ACTIVATIONS[type(first.mlp.act)])
         self.embed = inner.embed  # the token embeddings as the model's forward takes them
-        self._work = torch.empty(0, dtype=torch.float32)
-        self._scratch = torch.empty(0, dtype=torch.uint8)
+        self._work = KeptBuffer(torch.float32)  # the step's work areas, for decode-sized steps
+        self._scratch = KeptBuffer(torch.uint8)
 
     def attention_arithmetic(self) -> str:
         """'bf16 products' where a bf16 model's attention takes AVX512-BF16's (q and p rounded to
@@ -223,8 +224,8 @@ class FusedDecode:
         shape.table_width = tables.shape[1]
         shape.num_threads = torch.get_num_threads()
         lib = self.lib
-        work = self._buffer("_work", lib.pagoda_decode_work_floats(ctypes.byref(shape), b), b)
-        scratch = self._buffer("_scratch", lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b), b)
+        work = self._buffer(self._work, lib.pagoda_decode_work_floats(ctypes.byref(shape), b), b)
+        scratch = self._buffer(self._scratch, lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b), b)
         out = torch.empty(b, shape.hidden, dtype=self.dtype)
         lib.pagoda_decode_step(
             self.layers, len(self.layers), self.final_norm, ctypes.byref(shape), b,
@@ -233,17 +234,9 @@ class FusedDecode:
             out.data_ptr(), int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
         return out
 
-    def _buffer(self, name: str, numel: int, rows: int) -> torch.Tensor:
-        """The step's work area: kept (grown) for decode-sized steps; a prompt chunk's thousands
-        of rows (batch-invariant prefill: 31 KiB a row for SmolLM2, 64 MiB at 2,048) get one for
-        the call, so the process does not hold its largest prefill's area for good."""
-        if rows > KEPT_ROWS:
-            return torch.empty(numel, dtype=getattr(self, name).dtype)
-        return self._grow(name, numel)
-
-    def _grow(self, name: str, numel: int) -> torch.Tensor:
-        buf = getattr(self, name)
-        if buf.numel() < numel:
-            buf = torch.empty(max(numel, 2 * buf.numel()), dtype=buf.dtype)
-            setattr(self, name, buf)
-        return buf
+    @staticmethod
+    def _buffer(kept: KeptBuffer, numel: int, rows: int) -> torch.Tensor:
+        """A step's work area: the kept one for decode-sized steps; a prompt chunk's thousands of
+        rows (batch-invariant prefill: 31 KiB a row for SmolLM2, 64 MiB at 2,048) get one for the
+        call, so the process does not hold its largest prefill's area for good."""
+        return torch.empty(numel, dtype=kept.dtype) if rows > KEPT_ROWS else kept.take(numel)

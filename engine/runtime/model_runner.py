@@ -11,6 +11,7 @@ import torch
 from engine.kernels.cpu import cpu_info
 from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_dtype,
                            resolve_quantization, resolve_use_triton)
+from engine.memory.kept_buffer import KeptBuffer
 from engine.runtime.cuda_graphs import CudaGraphRunner
 from engine.runtime.device import default_dtype, resolve_device, resolve_dtype
 from engine.distributed import parallel_state
@@ -140,7 +141,7 @@ class ModelRunner:
         self.seeds: dict[str, int] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
-        self._logits: torch.Tensor | None = None  # _logits_out's buffer
+        self._logits = KeptBuffer(torch.float32, LOGITS_BUFFER_BYTES)  # _logits_out's
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self._kv_storage(), self.device)
@@ -181,18 +182,14 @@ class ModelRunner:
 
     def _logits_out(self, rows: int) -> torch.Tensor | None:
         """A float32 [rows, vocab] view of one buffer the CPU's int8 LM head writes a step's logits
-        into, kept while it is at most LOGITS_BUFFER_BYTES. A new tensor past glibc's mmap threshold
-        (32 MiB: Gemma 3's 262,144-entry vocabulary at 32 rows) is mapped fresh every step, and its
-        page faults and zeroing were 14 of the head's 47 ms (bench: 46.7 -> 32.2 ms). The step's
-        logits are used up before the next step's (sampled, copied to the host). None where the head
-        does not take it."""
+        into (engine/memory/kept_buffer.py), up to LOGITS_BUFFER_BYTES: a fresh one was 14 of the
+        head's 47 ms for Gemma 3 at 32 rows (bench: 46.7 -> 32.2 ms). The step's logits are used
+        up before the next step's (sampled, copied to the host). None where the head does not take it."""
         vocab = self.model_config.vocab_size
         if (self.device.type != "cpu" or self.tp > 1 or getattr(self.model.lm_head, "q8_weight", None) is None
                 or rows * vocab * 4 > LOGITS_BUFFER_BYTES):
             return None
-        if self._logits is None or self._logits.shape[0] < rows:
-            self._logits = torch.empty(rows, vocab, dtype=torch.float32)
-        return self._logits[:rows]
+        return self._logits.take(rows, vocab)
 
     def _dense_rows(self) -> int | None:
         """quantization_dense_rows where it applies (quantized layers, CPU with fast bf16, bf16
