@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -51,6 +52,19 @@ def _gguf_chat_template(path: Path) -> str | None:
     return read_header(path).fields.get("tokenizer.chat_template")
 
 
+def cache_name(path: Path) -> str:
+    """The file's name, a digest of its header (the metadata the tokenizer is converted from, not
+    the weights) and transformers' version: a changed vocabulary or library converts again, and
+    every copy of one file shares one conversion. Named by modification time before, the cache
+    grew by a conversion per copy and per upload (830 MB of them on a test machine; Gemma 3's is
+    33 MB)."""
+    from engine.models.gguf_file import read_header
+
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read(read_header(path).data_start)).hexdigest()[:16]
+    return f"{path.stem}-{digest}-transformers{transformers.__version__}"
+
+
 def gguf_tokenizer_dir(path: Path) -> Path | None:
     """A folder holding the GGUF's tokenizer as transformers saves it, converted in a child
     process the first time; None when it cannot be written (then the caller converts in-process).
@@ -58,12 +72,10 @@ def gguf_tokenizer_dir(path: Path) -> Path | None:
     Converting in this process costs ~150 MiB of resident memory that stays after the load
     (transformers' GGUF reader and the modules it imports: torch.distributed.tensor, sympy, ...;
     bench/memory.py); reading the saved files back costs ~15. The folder lies under
-    $PAGODA_CACHE (default ~/.cache/pagoda)/tokenizers, named after the file's name, size and
-    modification time and transformers' version, so a changed file or library converts again.
+    $PAGODA_CACHE (default ~/.cache/pagoda)/tokenizers, named by ``cache_name``.
     """
-    stat = path.stat()
     root = Path(os.environ.get("PAGODA_CACHE") or Path.home() / ".cache" / "pagoda") / "tokenizers"
-    out = root / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}-transformers{transformers.__version__}"
+    out = root / cache_name(path)
     if (out / "tokenizer_config.json").is_file():
         return out
     try:

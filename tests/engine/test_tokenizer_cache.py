@@ -56,3 +56,22 @@ def test_an_unwritable_cache_falls_back_to_converting_in_process(smollm2_path, t
     tokenizer = load_tokenizer(smollm2_path)
     assert tokenizer.decode(tokenizer.encode("The capital of France")) == "The capital of France"
     assert tokenizer.chat_template
+
+
+def test_copies_of_one_file_share_a_conversion_and_another_vocabulary_does_not(tmp_path):
+    """The cache is named by the header's content, not the file's modification time: each copy of
+    a GGUF (a test's, an upload's) converted again and the cache grew without bound."""
+    import os
+    import shutil
+
+    from engine.text.tokenizer import cache_name
+    from tests.engine.tiny_gguf import write_every_kind
+
+    write_every_kind(tmp_path / "m.gguf")
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "m.gguf", tmp_path / "copy" / "m.gguf")
+    os.utime(tmp_path / "copy" / "m.gguf", ns=(1, 1))
+    assert cache_name(tmp_path / "m.gguf") == cache_name(tmp_path / "copy" / "m.gguf")
+    (tmp_path / "other").mkdir()
+    write_every_kind(tmp_path / "other" / "m.gguf", vocab=3001)
+    assert cache_name(tmp_path / "other" / "m.gguf") != cache_name(tmp_path / "m.gguf")

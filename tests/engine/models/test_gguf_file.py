@@ -4,11 +4,11 @@ array of strings, every array's length, every tensor's type, shape and bytes."""
 import gguf
 import numpy as np
 import pytest
-from gguf.quants import quantize
 
 from engine.errors import ModelLoadError
 from engine.models.gguf_file import LIST_LIMIT, GGUFFile, read_header
 from engine.models.gguf_loader import load_gguf_config
+from tests.engine.tiny_gguf import write_every_kind
 
 
 def assert_reads_as_gguf_does(path):
@@ -36,31 +36,6 @@ def assert_reads_as_gguf_does(path):
         assert mine.data.dtype == theirs_t.data.dtype and mine.data.shape == theirs_t.data.shape, mine.name
         assert np.array_equal(mine.data, theirs_t.data), mine.name
         assert not mine.data.flags.writeable
-
-
-def write_every_kind(path, *, vocab=3000):
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_uint32("t.u32", 7)
-    writer.add_int32("t.i32", -7)
-    writer.add_float32("t.f32", 0.1)
-    writer.add_float64("t.f64", 0.1)
-    writer.add_bool("t.bool", True)
-    writer.add_uint64("t.u64", 2 ** 40)
-    writer.add_string("t.text", "naïve ✓")
-    writer.add_array("t.small", [1, 2, 3])
-    writer.add_array("t.floats", [0.5] * (LIST_LIMIT + 5))
-    writer.add_token_list([f"tok{i}" for i in range(vocab)])
-    writer.add_token_scores([float(i) for i in range(vocab)])
-    rng = np.random.default_rng(0)
-    writer.add_tensor("f32", rng.standard_normal((3, 64), dtype=np.float32))
-    writer.add_tensor("f16", rng.standard_normal((4, 32)).astype(np.float16))
-    q8 = quantize(rng.standard_normal((8, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("q8", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("i32", np.arange(10, dtype=np.int32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def test_every_kind_of_field_and_tensor_reads_as_gguf_reads_it(tmp_path):
