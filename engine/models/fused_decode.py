@@ -32,7 +32,7 @@ import torch
 from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.attention_metadata import AttentionMetadata
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
-from engine.memory.kept_buffer import KeptBuffer
+from engine.kept_buffer import KeptBuffer
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 from engine.quantization.int8 import Int8WeightOnlyLinear

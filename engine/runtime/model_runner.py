@@ -11,7 +11,7 @@ import torch
 from engine.kernels.cpu import cpu_info
 from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_dtype,
                            resolve_quantization, resolve_use_triton)
-from engine.memory.kept_buffer import KeptBuffer
+from engine.kept_buffer import KeptBuffer
 from engine.runtime.cuda_graphs import CudaGraphRunner
 from engine.runtime.device import default_dtype, resolve_device, resolve_dtype
 from engine.distributed import parallel_state
@@ -182,7 +182,7 @@ class ModelRunner:
 
     def _logits_out(self, rows: int) -> torch.Tensor | None:
         """A float32 [rows, vocab] view of one buffer the CPU's int8 LM head writes a step's logits
-        into (engine/memory/kept_buffer.py), up to LOGITS_BUFFER_BYTES: a fresh one was 14 of the
+        into (engine/kept_buffer.py), up to LOGITS_BUFFER_BYTES: a fresh one was 14 of the
         head's 47 ms for Gemma 3 at 32 rows (bench: 46.7 -> 32.2 ms). The step's logits are used
         up before the next step's (sampled, copied to the host). None where the head does not take it."""
         vocab = self.model_config.vocab_size

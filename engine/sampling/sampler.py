@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.memory.kept_buffer import KeptBuffer
+from engine.kept_buffer import KeptBuffer
 from engine.sampling.sampling_metadata import SamplingMetadata
 from engine.structured.bitmask import apply_bitmask
 
@@ -51,7 +51,7 @@ class Sampler(torch.nn.Module):
 
     def _work(self, like: torch.Tensor) -> torch.Tensor:
         """A float32 tensor of ``like``'s shape to compute in, kept up to SCRATCH_BYTES
-        (engine/memory/kept_buffer.py: a fresh [32, 262,144] one was ~15 ms a step)."""
+        (engine/kept_buffer.py: a fresh [32, 262,144] one was ~15 ms a step)."""
         return self._scratch.take(*like.shape, device=like.device)
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:

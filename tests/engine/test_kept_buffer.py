@@ -1,8 +1,8 @@
-"""engine/memory/kept_buffer.py: one tensor a hot path's large temporaries are views of."""
+"""engine/kept_buffer.py: one tensor a hot path's large temporaries are views of."""
 
 import torch
 
-from engine.memory.kept_buffer import KeptBuffer
+from engine.kept_buffer import KeptBuffer
 
 
 def test_views_of_one_tensor_grown_geometrically():
