@@ -35,12 +35,13 @@ def run(args, load_llm=None) -> int:
     config = EngineConfig.from_settings(model, dict(settings))
     max_model_len = min(config.max_model_len or facts.context_length, facts.context_length)
     split = facts.window_capacity(kv_tokens=estimate.kv_tokens, max_model_len=max_model_len,
-                                  block_size=config.block_size,
+                                  block_size=config.block_size, max_num_seqs=config.max_num_seqs,
                                   max_num_batched_tokens=config.max_num_batched_tokens)
     if args.json:
         capacity = None if split is None else {
             "max_model_len": max_model_len, "num_seqs": split.num_seqs,
-            "num_seqs_without_freeing": split.num_seqs_without_freeing()}
+            "num_seqs_without_freeing": split.num_seqs_without_freeing(),
+            "num_window_seqs": split.num_window_seqs}
         print(json.dumps({"model": model, **estimate.as_dict(), "facts": facts.as_dict(),
                           "window_capacity": capacity}))
         return 0

@@ -67,8 +67,8 @@ class WindowSplit:
     sliding-window layers only those inside the window (plus what one step's chunk writes).
 
     ``budget_layer_blocks``: the budget in blocks of one layer (all-layer blocks x layers).
-    The split gives each group the share that fills both at the same number of
-    ``max_model_len`` sequences, after the window group keeps one step's chunk and a null block.
+    window_split says how it is shared; the window group also keeps one step's chunk and a
+    null block.
     """
 
     num_full_blocks: int  # blocks of the full-attention group (each: every full layer's K/V)
@@ -82,8 +82,12 @@ class WindowSplit:
     @property
     def num_seqs(self) -> int:
         """max_model_len sequences that fit at once, with window blocks freed."""
-        return min(self.num_full_blocks // self.blocks_per_seq,
-                   max(self.num_window_blocks - 1 - self.chunk_blocks, 0) // self.window_blocks_per_seq)
+        return min(self.num_full_blocks // self.blocks_per_seq, self.num_window_seqs)
+
+    @property
+    def num_window_seqs(self) -> int:
+        """Sequences whose whole window the window group holds at once (the seats it is for)."""
+        return max(self.num_window_blocks - 1 - self.chunk_blocks, 0) // self.window_blocks_per_seq
 
     def num_seqs_without_freeing(self) -> int:
         """What the same bytes hold as one pool of every layer with full attention."""
@@ -94,24 +98,42 @@ class WindowSplit:
     def describe(self, max_model_len: int) -> str:
         return (f"{self.num_seqs} sequences of {max_model_len} tokens fit with sliding-window blocks "
                 f"freed ({self.num_window_layers} window layers keep <= {self.window_blocks_per_seq} "
-                f"blocks a sequence), {self.num_seqs_without_freeing()} without")
+                f"blocks a sequence), {self.num_seqs_without_freeing()} without; windows for "
+                f"{self.num_window_seqs} sequences")
 
 
 def window_split(budget_layer_blocks: int, *, window_layers: list[bool], window: int,
-                 max_model_len: int, block_size: int, max_num_batched_tokens: int) -> WindowSplit | None:
-    """Two groups' block counts from one budget (WindowSplit); None where they would hold no
-    more max_model_len sequences than one pool of every layer (contexts within the window, or a
-    budget the window group's reserve takes most of): then nothing is split, nothing freed."""
+                 max_model_len: int, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int) -> WindowSplit | None:
+    """Two groups' block counts from one budget (WindowSplit), or None for one pool of every
+    layer (nothing split, nothing freed).
+
+    The groups' sizes are fixed when the pool is allocated, so the split chooses which
+    sequences it is for. It holds:
+
+    - a window for each of ``max_num_seqs`` seats, as far as one pool would hold window-long
+      sequences (``seats``): the window group is never what stops a batch of chats that one
+      pool of the same bytes would run. Sized for long contexts alone (the most max_model_len
+      sequences), 32 seats of 160-token chats over a 1,024-block budget had 196 window blocks
+      for the 320 they need: 13 preemptions, 183 steps for 128 tokens each instead of 128;
+    - then as many max_model_len sequences as the rest holds (at least the seats' number of
+      windows in the window group).
+
+    None where that holds no more max_model_len sequences than one pool, or where the full
+    group would then hold fewer window-long sequences than the seats (a budget sized for the
+    seats' windows alone, as a pool of max_num_seqs x window tokens is): the reserve the window
+    group keeps for one step's chunk would cost more than freeing gains."""
     num_window = sum(window_layers)
     num_full = len(window_layers) - num_window
     full = max_blocks_per_seq(max_model_len, block_size)
     in_window = min(full, -(-(window - 1) // block_size) + 1)  # a window's tokens span this many
     chunk = min(full, -(-max_num_batched_tokens // block_size) + 1)
     reserve = num_window * (chunk + 1)
-    num_seqs = max(budget_layer_blocks - reserve, 0) // (num_full * full + num_window * in_window)
-    num_window_blocks = num_seqs * in_window + chunk + 1
+    seats = min(max_num_seqs, budget_layer_blocks // len(window_layers) // in_window)
+    num_long = max(budget_layer_blocks - reserve, 0) // (num_full * full + num_window * in_window)
+    num_window_blocks = max(num_long, seats) * in_window + chunk + 1
     num_full_blocks = (budget_layer_blocks - num_window * num_window_blocks) // num_full
-    if num_full_blocks < full:
-        return None  # the window group's reserve leaves less than one sequence: one pool instead
+    if num_full_blocks < max(full, seats * in_window):
+        return None  # fewer long or window-long sequences than one pool would hold
     split = WindowSplit(num_full_blocks, num_window_blocks, num_full, num_window, full, in_window, chunk)
     return split if split.num_seqs > split.num_seqs_without_freeing() else None

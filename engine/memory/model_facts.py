@@ -60,7 +60,7 @@ class ModelFacts:
                 f"{self.attention}{experts}; tensors {types}")
 
     def window_capacity(self, *, kv_tokens: int, max_model_len: int, block_size: int,
-                        max_num_batched_tokens: int):
+                        max_num_batched_tokens: int, max_num_seqs: int):
         """kv_pool_sizing.WindowSplit of a pool of ``kv_tokens`` tokens (every layer), None when
         the model does not both mix window and full layers with one window, or when freeing
         would fit no more sequences (nothing is split then)."""
@@ -70,7 +70,7 @@ class ModelFacts:
         return window_split(kv_tokens // block_size * self.num_layers,
                             window_layers=[bool(w) for w in self.layer_windows], window=windows.pop(),
                             max_model_len=max_model_len, block_size=block_size,
-                            max_num_batched_tokens=max_num_batched_tokens)
+                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
 
 
 def model_facts(model: str) -> ModelFacts:

@@ -217,7 +217,7 @@ class ModelRunner:
             return None
         return window_split(self.num_blocks * len(windows), window_layers=[bool(w) for w in windows],
                             window=max(w for w in windows if w), max_model_len=self.max_model_len,
-                            block_size=self.block_size,
+                            block_size=self.block_size, max_num_seqs=self.config.max_num_seqs,
                             max_num_batched_tokens=self.config.max_num_batched_tokens)
 
     def _allocate_kv_pool(self):

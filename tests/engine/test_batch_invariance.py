@@ -29,7 +29,9 @@ PREEMPTING_BLOCKS = {"tiny_llama_dir": 12, "tiny_gemma3_d64_dir": 8}
 
 
 def make_llm(path, dtype, **settings):
-    settings = {"num_kv_blocks": 160, "max_model_len": 256, **settings}
+    # 32 seats, the most requests a call sends: Gemma 3's window layers keep a window for each
+    # and the rest of the pool goes to long contexts (kv_pool_sizing.window_split)
+    settings = {"num_kv_blocks": 160, "max_model_len": 256, "max_num_seqs": 1 + len(OTHERS), **settings}
     return LLM(str(path), quantization="int4", dtype=dtype, **settings)
 
 

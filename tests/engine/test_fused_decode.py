@@ -236,7 +236,8 @@ def test_gemma3_layers_fused_give_the_torch_paths_tokens(tiny_gemma3_d64_dir, dt
     path = tiny_gemma3_d64_dir
     prompts = [[1 + (i * 37 + j * 11) % 4000 for j in range(n)] for i, n in enumerate((3, 17, 40, 9, 31))]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    llm = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256)
+    # 5 seats (the prompts): their windows leave the rest of 64 blocks to long contexts
+    llm = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256, max_num_seqs=5)
     runner = llm.engine.runner
     assert runner.fused_decode is not None and runner.batch_invariant
     assert runner.window_split is not None  # the sliding layers' blocks: a pool of their own
@@ -244,6 +245,7 @@ def test_gemma3_layers_fused_give_the_torch_paths_tokens(tiny_gemma3_d64_dir, dt
     fused = [o.token_ids for o in llm.generate(prompts, params)]
     llm.engine.block_manager.check_all_free()
     monkeypatch.setenv("PAGODA_FUSED_DECODE", "0")
-    torch_path = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256)
+    torch_path = LLM(str(path), quantization="int4", dtype=dtype, num_kv_blocks=64, max_model_len=256,
+                     max_num_seqs=5)
     assert torch_path.engine.runner.fused_decode is None
     assert fused == [o.token_ids for o in torch_path.generate(prompts, params)]

@@ -19,6 +19,10 @@ SIZES = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden
              max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
              eos_token_id=2, initializer_range=0.3)
 PROMPT_LENGTHS = (3, 17, 40, 9, 31)
+# A seat for each prompt: Gemma 3's window layers then keep a window for each of the 5 and the
+# rest of a small pool goes to long contexts (kv_pool_sizing.window_split); with 128 seats the
+# windows would take these pools whole and Gemma 3 would run on one pool of every layer.
+SEATS = dict(max_num_seqs=len(PROMPT_LENGTHS))
 # RoPE scaling: sequences run from below the original context (48) to past it (40 + 32 tokens).
 ORIGINAL = 48
 SHORT = [1.0 + i / 8 for i in range(8)]
@@ -48,7 +52,8 @@ def save_tiny(directory, model_class, config, tokenizer):
     return directory
 
 
-def assert_matches_transformers(path, prompts=None, num_tokens=NUM_TOKENS, num_kv_blocks=10):
+def assert_matches_transformers(path, prompts=None, num_tokens=NUM_TOKENS, num_kv_blocks=10,
+                               max_model_len=None):
     """Greedy tokens equal transformers' (fp32): whole batch, chunked prefill, and preemption."""
     from transformers import AutoModelForCausalLM
 
@@ -56,14 +61,14 @@ def assert_matches_transformers(path, prompts=None, num_tokens=NUM_TOKENS, num_k
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     reference = [hf_greedy(hf, p, num_tokens, [-1]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
-    llm = LLM(str(path), num_kv_blocks=64, **EXACT)
+    llm = LLM(str(path), num_kv_blocks=64, **EXACT, **SEATS)
     assert_same(llm.generate(prompts, params), reference)
     llm.engine.block_manager.check_all_free()
-    chunked = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT)
+    chunked = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT, **SEATS)
     assert_same(chunked.generate(prompts, params), reference)
     # 10 blocks of 16 tokens: the longest request alone needs 5, all together 17
     small = LLM(str(path), num_kv_blocks=num_kv_blocks, enable_prefix_caching=False,
-                max_num_batched_tokens=16, **EXACT)
+                max_num_batched_tokens=16, max_model_len=max_model_len, **EXACT, **SEATS)
     assert_same(small.generate(prompts, params), reference)
     assert small.engine.stats().num_preemptions > 0
     small.engine.block_manager.check_all_free()
@@ -163,7 +168,9 @@ def tiny_gemma3_dir(tmp_path_factory, smollm2_tokenizer):
 def test_gemma3_matches_transformers(tiny_gemma3_dir):
     from transformers import AutoModelForCausalLM
 
-    llm = assert_matches_transformers(tiny_gemma3_dir, num_kv_blocks=12)
+    # the small pool: 14 blocks for contexts of 80 tokens (5 blocks), split in two groups (the 5
+    # seats' windows, 16 full blocks: 3 full-length sequences against one pool's 2), preempting
+    llm = assert_matches_transformers(tiny_gemma3_dir, num_kv_blocks=14, max_model_len=80)
     cfg = llm.engine.model_config
     assert cfg.layer_sliding_windows == [8, None, 8]
     assert (cfg.local_rope_theta, cfg.rope_theta) == (10_000.0, 1_000_000.0)
@@ -180,10 +187,11 @@ def test_gemma3_matches_transformers(tiny_gemma3_dir):
 def test_gemma3_window_blocks_freed_fit_more_full_length_sequences(tiny_gemma3_dir):
     """48 one-layer blocks: one pool of every layer holds 2 sequences of 128 tokens (8 blocks
     each); with the window layers' blocks freed as decoding passes the window (8 tokens), 3
-    run side by side to 128 tokens without a preemption, still transformers' tokens."""
+    run side by side to 128 tokens without a preemption, still transformers' tokens (3 seats: the
+    window group holds their 3 windows)."""
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(str(tiny_gemma3_dir), num_kv_blocks=16, max_num_batched_tokens=16,
+    llm = LLM(str(tiny_gemma3_dir), num_kv_blocks=16, max_num_batched_tokens=16, max_num_seqs=3,
               enable_prefix_caching=False, **EXACT)
     split = llm.engine.runner.window_split
     assert (split.num_seqs, split.num_seqs_without_freeing()) == (3, 2)
@@ -214,8 +222,8 @@ def test_gemma3_sliding_window_is_what_changes_long_prompts(tiny_gemma3_dir, smo
     (wide / "config.json").write_text(json.dumps(config))
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     short, long = prompts_of((6, 40))
-    windowed = LLM(str(tiny_gemma3_dir), num_kv_blocks=32, **EXACT).generate([short, long], params)
-    full = LLM(str(wide), num_kv_blocks=32, **EXACT).generate([short, long], params)
+    windowed = LLM(str(tiny_gemma3_dir), num_kv_blocks=32, **EXACT, **SEATS).generate([short, long], params)
+    full = LLM(str(wide), num_kv_blocks=32, **EXACT, **SEATS).generate([short, long], params)
     assert windowed[1].token_ids != full[1].token_ids
     assert windowed[0].token_ids[:2] == full[0].token_ids[:2]  # until the sequence passes 8
 
@@ -242,7 +250,7 @@ def test_the_fused_cpu_decode_step_takes_qwen3_and_gemma3_layers_and_declines_ex
                          Qwen3MoeConfig(**SIZES, num_experts=8, moe_intermediate_size=32), smollm2_tokenizer)
     else:
         path = request.getfixturevalue("tiny_gemma3_dir")
-    int4 = dict(quantization="int4", dtype="float32", num_kv_blocks=32)
+    int4 = dict(quantization="int4", dtype="float32", num_kv_blocks=32, **SEATS)
     llm = LLM(str(path), **int4)
     runner = llm.engine.runner
     assert (runner.fused_decode is None) == (family == "qwen3_moe")

@@ -10,7 +10,7 @@ from engine import LLM, LoRARequest, SamplingParams
 
 from tests.engine.lora.adapters import make_adapter, merged_reference
 from tests.engine.test_hf_parity import EXACT, assert_same, hf_greedy
-from tests.engine.test_model_families import SIZES, prompts_of, save_tiny
+from tests.engine.test_model_families import SEATS, SIZES, prompts_of, save_tiny
 
 pytestmark = pytest.mark.slow
 NUM_TOKENS = 32
@@ -48,7 +48,7 @@ def test_adapter_on_family_matches_peft_merged(family, tmp_path, smollm2_tokeniz
     reference = [hf_greedy(hf, prompts[0], NUM_TOKENS, [-1]),
                  hf_greedy(merged_reference(base, adapter_dir), prompts[1], NUM_TOKENS, [-1])]
     assert reference[1] != hf_greedy(hf, prompts[1], NUM_TOKENS, [-1])  # the adapter matters
-    llm = LLM(str(base), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT)
+    llm = LLM(str(base), num_kv_blocks=64, max_num_batched_tokens=8, **EXACT, **SEATS)
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     adapters = [None, LoRARequest("a", adapter_dir)]
     assert_same(llm.generate(prompts, params, adapters=adapters), reference)
