@@ -244,6 +244,32 @@ def test_each_token_decodes_a_short_window_not_the_whole_output(smollm2_gguf_tok
     assert len(recorder.decoded_lengths) <= 2 * len(ids) + 2
 
 
+class _AddedTokensCounter:
+    """A tokenizer that counts the reads of ``added_tokens_decoder`` (transformers builds it
+    afresh on each: 13 ms for Gemma 3's 6,384 added tokens)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.reads = 0
+
+    @property
+    def added_tokens_decoder(self):
+        self.reads += 1
+        return self._tokenizer.added_tokens_decoder
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_special_ids_are_read_once_per_tokenizer_not_per_request(smollm2_gguf_tokenizer):
+    counter = _AddedTokensCounter(smollm2_gguf_tokenizer)
+    ids = _ids(smollm2_gguf_tokenizer, CAPITAL) + [smollm2_gguf_tokenizer.eos_token_id]
+    for _ in range(3):  # three requests' detokenizers
+        deltas, _ = _stream(IncrementalDetokenizer(counter), ids, 1)
+        assert "".join(deltas) == smollm2_gguf_tokenizer.decode(ids, skip_special_tokens=True)
+    assert counter.reads == 1
+
+
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_sentencepiece_leading_spaces_match_decode(sentencepiece_style, chunk_size):
     tokenizer = sentencepiece_style
