@@ -11,7 +11,7 @@ DEFAULT_SQLITE = Path("/srv/pagoda/db.sqlite3")
 
 def test_unset_database_url_means_sqlite_in_the_repo():
     assert database_from_url(None, DEFAULT_SQLITE) == {
-        "ENGINE": "django.db.backends.sqlite3",
+        "ENGINE": "webapp.config.sqlite",
         "NAME": DEFAULT_SQLITE,
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
     }
