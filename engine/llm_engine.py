@@ -107,19 +107,20 @@ class LLMEngine:
 
     def _speculator(self) -> Speculator | None:
         """Prompt-lookup drafting (engine/speculative/) unless off, or where its rows cannot be
-        verified: sliding-window block tables, tensor-parallel ranks; and only where the runner is
-        batch-invariant. A draft's rows are a chunk of the sequence's own tokens: elsewhere (the
-        torch path's attention over a chunk rounds otherwise than over one row) verified drafts
-        would change a greedy answer's bits, and near a tie its tokens."""
+        verified: tensor-parallel ranks; and only where the runner is batch-invariant. A draft's
+        rows are a chunk of the sequence's own tokens: elsewhere (the torch path's attention over a
+        chunk rounds otherwise than over one row) verified drafts would change a greedy answer's
+        bits, and near a tie its tokens. Sliding-window block tables draft too: a step gives back
+        only the window blocks wholly before its first token's window, and a rejection never takes
+        back that first token."""
         if not self.config.speculative_tokens:
             return None
         if not self.runner.batch_invariant:
             logger.info("speculative decoding off: the runner is not batch-invariant here, and drafts "
                         "verified as a chunk could change a greedy answer (see batch_invariant)")
             return None
-        if self.runner.window_split is not None or self.config.tensor_parallel_size > 1:
-            logger.info("speculative decoding off: not built for %s", "sliding-window block tables"
-                        if self.runner.window_split is not None else "tensor parallel ranks")
+        if self.config.tensor_parallel_size > 1:
+            logger.info("speculative decoding off: not built for tensor parallel ranks")
             return None
         return Speculator(num_tokens=self.config.speculative_tokens,
                           max_decodes=self.config.speculative_max_decodes)

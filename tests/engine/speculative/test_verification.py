@@ -122,6 +122,32 @@ def test_the_answer_holds_beside_others_chunked_preempted_and_from_the_cache(tin
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_drafts_over_sliding_window_block_tables(tiny_gemma3_d64_dir, params):
+    """Gemma 3's window layers on blocks of their own (24-token windows; kv_pool_sizing.WindowSplit
+    with 8 seats): verified drafts give the answer of one token a step, chunked, and 190 tokens
+    past the window with 56 blocks, where sequences are preempted while blocks leave the window
+    under drafts that are rejected."""
+    long = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                          max_tokens=190, ignore_eos=True, logprobs=2)
+    cases = {"chunked": ({"max_num_batched_tokens": 7}, params),
+             "preempted": ({"num_kv_blocks": 56}, long)}
+    for name, (settings, p) in cases.items():
+        settings = {"max_num_seqs": 8, "enable_prefix_caching": False, **settings}
+        plain = make_llm(tiny_gemma3_d64_dir, speculative_tokens=0, **settings)
+        ref = plain.generate([PROMPT] + OTHERS, [p] * 8)
+        llm = make_llm(tiny_gemma3_d64_dir, speculative_tokens=6, speculative_max_decodes=8, **settings)
+        assert llm.engine.runner.window_split is not None and llm.engine.scheduler.speculator is not None
+        spec = with_oracle_drafts(llm, {tuple(o.prompt_token_ids): list(o.token_ids) for o in ref})
+        outs = llm.generate([PROMPT] + OTHERS, [p] * 8)
+        assert [answer(o) for o in outs] == [answer(o) for o in ref], name
+        assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens, name
+        if name == "preempted":
+            assert llm.engine.scheduler.num_preemptions > 0
+        llm.engine.block_manager.check_all_free()
+
+
+@pytest.mark.slow
 def test_a_stop_inside_an_accepted_run_ends_the_request_there(tiny_llama_dir):
     reference = make_llm(tiny_llama_dir, speculative_tokens=0).generate([PROMPT], [GREEDY])[0]
     tokens = list(reference.token_ids)
