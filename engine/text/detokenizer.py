@@ -30,6 +30,7 @@ _REPLACEMENT_CHAR = "\ufffd"
 # invalid bytes that will never complete (or tokens without text); it is then
 # read up to its last 3 tokens so the window stays short.
 _MAX_INCOMPLETE_TOKENS = 3
+_MAX_UNREAD_TOKENS = 8
 _SKIPPED_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -44,7 +45,6 @@ def skipped_special_ids(tokenizer) -> frozenset[int]:
         ids = frozenset(i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special)
         _SKIPPED_IDS[tokenizer] = ids
     return ids
-_MAX_UNREAD_TOKENS = 8
 
 
 class IncrementalDetokenizer:
