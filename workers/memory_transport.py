@@ -174,16 +174,29 @@ class MemoryBroker:
                 report = dataclasses.replace(report, worker_id=worker_id, **UsageReport.fields_of(chunk, wall))
                 self._reports[chunk.request_id] = (report, now + USAGE_REPORT_TTL_S)
 
-    def deliver(self, reply_to: str, replies: list[Reply]) -> None:
+    def deliver(self, batches: dict[str, list[Reply]]) -> None:
+        """Each address's replies onto its client's queue, one wake-up of each client loop for
+        them all: a call_soon_threadsafe writes to the loop's self-pipe, and a step at 32 streams
+        has 32 addresses. py-spy found 1.6% of the engine thread's samples in those writes; an
+        exchange of 32 replies took 110-129 us of the thread's CPU, one call a loop 24-25 us."""
         with self._lock:
-            sink = self._sinks.get(reply_to)
-        if sink is None:  # the client has gone; like an expiring Redis reply stream
-            return
-        try:
-            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, replies)
-        except RuntimeError:  # the client's loop is closed
-            with self._lock:
-                self._sinks.pop(reply_to, None)
+            sinks = [(self._sinks.get(reply_to), replies) for reply_to, replies in batches.items()]
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, list[Reply]]]] = {}
+        for sink, replies in sinks:
+            if sink is not None:  # else the client has gone; like an expiring Redis reply stream
+                by_loop.setdefault(sink.loop, []).append((sink.queue, replies))
+        for loop, puts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # the client's loop is closed
+                with self._lock:
+                    for reply_to in [a for a, sink in self._sinks.items() if sink.loop is loop]:
+                        del self._sinks[reply_to]
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, list[Reply]]]) -> None:
+    for queue, replies in puts:
+        queue.put_nowait(replies)
 
 
 _default_broker = MemoryBroker()
@@ -275,8 +288,7 @@ class MemoryWorkerTransport:
         by_address: dict[str, list[Reply]] = {}
         for reply_to, reply in replies:
             by_address.setdefault(reply_to, []).append(reply)
-        for reply_to, batch in by_address.items():
-            self.broker.deliver(reply_to, batch)
+        self.broker.deliver(by_address)
         if max_count <= 0:
             return []
         return self.broker.take(self.model, self.worker_id, max_count, timeout_s)
