@@ -142,8 +142,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.workspace = Workspace(self.device)
         self._logits = KeptBuffer(torch.float32, LOGITS_BUFFER_BYTES)  # _logits_out's
-        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
-                    self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+        logger.info("KV cache: %d %sblocks x %d tokens = %d tokens, %.1f MiB (%s, %s)",
+                    self.num_blocks, "full-attention layers' " if self.window_split else "",
+                    self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache_bytes / 2**20, self._kv_storage(), self.device)
         if self.window_split is not None:
             logger.info("KV capacity: %s; sliding-window layers' pool: %d blocks",
