@@ -75,7 +75,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"CPU: {cpu_info.describe()}")
 
-    llm = LLM(args.model)
+    # no drafts: prompt lookup on this repeated prompt would verify several tokens a step (other
+    # products) and finish the sequences before the timed steps end
+    llm = LLM(args.model, speculative_tokens=0)
     runner, engine = llm.engine.runner, llm.engine
     if runner.fused_decode is None:
         sys.exit("the fused decode step is off here: nothing to compare")

@@ -65,6 +65,11 @@ static inline __attribute__((always_inline)) void tile(
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * 4 * bits * G;
+        if (bits == 4) { /* see PREFETCH_BYTES */
+            for (int l = 0; l < 16 * G; l += 64) _mm_prefetch((const char *)wb + PREFETCH_BYTES + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(d + b * G) + PREFETCH_BYTES / 8, _MM_HINT_T0);
+            _mm_prefetch((const char *)(mn + b * G) + PREFETCH_BYTES / 8, _MM_HINT_T0);
+        }
         const vf dv = vf_ph(d + b * G);
         const vf mv = bits == 4 ? vf_ph(mn + b * G) : vf_mul(dv, vf_set1(-128.0f));
 #if defined(HAS_VNNI) /* u8 x s8 products summed in 32 bits: int8 codes + 128 (up to 255) too */
