@@ -144,7 +144,9 @@ def main() -> None:
     print(f"CPU: {cpu_line()}\nkernels: {cpu_info.describe()}")
     settings = {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization),
                                   ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None}
-    llm = LLM(args.model, **settings)
+    # no drafts: greedy output that repeats itself would draft by prompt lookup, and a step that
+    # verifies drafts is no decode step (60 steps asked for had come back as 57)
+    llm = LLM(args.model, speculative_tokens=0, **settings)
     split = _Split(llm.engine.runner) if args.split else None
     _decode_steps(llm, 8, context=args.context, batch=args.batch)  # warm-up
     times = _decode_steps(llm, args.steps, context=args.context, batch=args.batch, split=split)
