@@ -224,6 +224,10 @@ class EngineConfig:
     speculative_max_decodes: int = _setting(
         4, "steps with more decoding sequences than this draft nothing (many decodes already make "
         "a step compute-bound, and draft rows would slow every stream)", minimum=1)
+    speculative_model: str | None = _setting(
+        None, "a smaller model that shares this one's vocabulary (a .gguf file or a Hugging Face "
+        "directory) drafts instead of prompt lookup: greedy, up to speculative_tokens a step, "
+        "verified as prompt lookup's drafts are (answers unchanged)", str, is_nullable=True)
     scheduling_policy: str = _setting("fcfs", "fcfs, or priority (lower priority value first)", str,
                                       choices=SCHEDULING_POLICIES)
     fair_share: bool = _setting(

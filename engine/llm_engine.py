@@ -36,6 +36,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduling.scheduler import Scheduler
 from engine.structured.grammar import GrammarCompiler
 from engine.scheduling.sequence import Sequence
+from engine.speculative.draft_model import DraftModel
 from engine.speculative.drafting import Speculator
 from engine.stats import EngineStats, engine_stats
 from engine.tenancy import Tenant
@@ -123,7 +124,26 @@ class LLMEngine:
             logger.info("speculative decoding off: not built for tensor parallel ranks")
             return None
         return Speculator(num_tokens=self.config.speculative_tokens,
-                          max_decodes=self.config.speculative_max_decodes)
+                          max_decodes=self.config.speculative_max_decodes,
+                          proposer=self._draft_model() if self.config.speculative_model else None)
+
+    def _draft_model(self) -> DraftModel:
+        """``speculative_model`` loaded in an engine of its own with this engine's settings, one
+        sequence at a time, a KV pool of two of this engine's longest sequences (the one it drafts
+        for, and another's prefix kept for its next call)."""
+        config = self.config
+        blocks = -(-self.max_model_len // config.block_size)
+        try:
+            draft = LLMEngine(dataclasses.replace(
+                config, model=config.speculative_model, speculative_model=None, speculative_tokens=0,
+                max_num_seqs=1, num_kv_blocks=2 * blocks + 1, kv_cache_memory=None, max_model_len=None,
+                fair_share=False, max_loras=1))
+        except Exception as exc:
+            raise InvalidParameterError(
+                "speculative_model", f"the draft model {config.speculative_model!r} did not load: {exc}") from exc
+        logger.info("speculative decoding: %s drafts, up to %d tokens a step (%d KV blocks of its own)",
+                    config.speculative_model, config.speculative_tokens, draft.runner.num_blocks)
+        return DraftModel(draft, target_tokenizer=self.tokenizer, target_vocab_size=self.model_config.vocab_size)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int],

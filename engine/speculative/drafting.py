@@ -1,5 +1,5 @@
-"""Which sequences draft in a step, and how many tokens: prompt lookup under a per-request and a
-per-batch brake.
+"""Which sequences draft in a step, and how many tokens: prompt lookup (or a draft model,
+draft_model.py) under a per-request and a per-batch brake.
 
 Per request: a draft of k tokens costs k more rows in the step whether or not they are accepted.
 A sequence drafts ``num_tokens`` at most; after a verification it drafts one more than it had
@@ -18,8 +18,13 @@ or before ``min_tokens`` (suppression counts tokens too).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.speculative.ngram import TokenBuffer, propose
 from engine.scheduling.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.speculative.draft_model import DraftModel
 
 MAX_PAUSE_STEPS = 64
 
@@ -37,9 +42,11 @@ class DraftState:
 
 
 class Speculator:
-    def __init__(self, *, num_tokens: int, max_decodes: int, min_n: int = 2, max_n: int = 4):
+    def __init__(self, *, num_tokens: int, max_decodes: int, min_n: int = 2, max_n: int = 4,
+                 proposer: DraftModel | None = None):
         self.num_tokens = num_tokens
         self.max_decodes = max_decodes
+        self.proposer = proposer  # a draft model (draft_model.py), in place of prompt lookup
         self.min_n, self.max_n = min_n, max_n
         # all time: verifications (steps x sequences that drafted), draft tokens, accepted ones
         self.num_drafts = 0
@@ -60,6 +67,8 @@ class Speculator:
         room = min(state.length, budget - 1, seq.max_num_tokens - seq.num_tokens - 1)
         if room <= 0:
             return []
+        if self.proposer is not None:
+            return self.proposer.propose(seq.token_ids, room)
         state.buffer.sync(seq.token_ids)
         return propose(state.buffer, room, min_n=self.min_n, max_n=self.max_n)
 
