@@ -1,4 +1,4 @@
-"""Speculative decoding (prompt lookup) against no speculation, one engine each, alternated in one process.
+"""Speculative decoding (prompt lookup, or a draft model) against no speculation, one engine each, alternated in one process.
 
 Each task is one chat request to the bundled SmolLM2 (or --model), greedy, answered twice per
 repeat: by an engine with ``speculative_tokens`` set and by one with it 0, in alternating order.
@@ -8,6 +8,10 @@ does not depend on speculation).
 
     .venv/bin/python bench/speculative.py [--repeats 2] [--tokens 8] [--max-tokens 400]
         [--streams 1]  # --streams 32: the task's request 32 times at once (tokens/s summed)
+        [--draft-model PATH.gguf]
+
+``--draft-model PATH`` drafts by that model (``speculative_model``) instead of prompt lookup;
+bench/draft_gguf.py cuts one from the bundled model (its first layers).
 
 Tasks: correcting the spelling of a ~300-word passage, extracting the sentences that mention a
 word, renaming a variable through a function (document-grounded: the answer copies its input),
@@ -45,13 +49,17 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--streams", type=int, default=1)
     parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--draft-model", default=None, help="speculative_model of the drafting engine")
     args = parser.parse_args()
     print(cpu_line())
-    engines = {"spec": LLM(args.model, speculative_tokens=args.tokens, max_num_seqs=max(32, args.streams)),
+    drafting = {"speculative_model": args.draft_model} if args.draft_model else {}
+    engines = {"spec": LLM(args.model, speculative_tokens=args.tokens, max_num_seqs=max(32, args.streams),
+                           **drafting),
                "plain": LLM(args.model, speculative_tokens=0, max_num_seqs=max(32, args.streams))}
     for llm in engines.values():  # warm-up: kernels, caches
         run(llm, "Say hello.", 8, 1)
-    print(f"speculative_tokens={args.tokens} streams={args.streams} repeats={args.repeats}, "
+    print(f"speculative_tokens={args.tokens} streams={args.streams} repeats={args.repeats}"
+          f"{', draft model ' + args.draft_model if args.draft_model else ', prompt lookup'}, "
           f"medians; {load_line()}")
     print(f"{'task':10} {'tokens':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8} "
           f"{'accepted':>8} {'tok/step':>8} same")
