@@ -63,12 +63,13 @@ class Estimate:
     dtype: str
     tensor_parallel_size: int
     layouts: dict  # "float" | "int4" | "int8" -> projections per rank in that layout
+    draft_bytes: int = 0  # speculative_model's engine, resident: its weights, KV pool and tokenizer
 
     @property
     def resident_bytes(self) -> int:
         """Between steps with every KV block in use: what stays resident (the metadata the load
         parsed is given back once it is done: engine/memory/host_memory.py)."""
-        return self.weights_bytes + self.kv_cache_bytes + self.tokenizer_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.tokenizer_bytes + self.draft_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -83,8 +84,9 @@ class Estimate:
                 f"({', '.join(f'{n} {k}' for k, n in self.layouts.items() if n)} projections), KV cache "
                 f"{self.kv_cache_bytes / MiB:.1f} MiB for {self.kv_tokens} tokens, tokenizer "
                 f"{self.tokenizer_bytes / MiB:.1f} MiB, activations up to "
-                f"{self.activation_bytes / MiB:.1f} MiB ({self.dtype}, tensor_parallel_size "
-                f"{self.tensor_parallel_size})")
+                f"{self.activation_bytes / MiB:.1f} MiB"
+                f"{f', draft model {self.draft_bytes / MiB:.1f} MiB' if self.draft_bytes else ''} ({self.dtype}, "
+                f"tensor_parallel_size {self.tensor_parallel_size})")
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,21 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
     return Estimate(weights_bytes=int(weights), kv_cache_bytes=int(kv_bytes),
                     activation_bytes=int(activations), reader_bytes=int(reader_bytes),
                     tokenizer_bytes=arch.vocab_size * TOKENIZER_BYTES_PER_TOKEN,
-                    kv_tokens=int(kv_tokens), dtype=dtype, tensor_parallel_size=tp, layouts=layouts)
+                    kv_tokens=int(kv_tokens), dtype=dtype, tensor_parallel_size=tp, layouts=layouts,
+                    draft_bytes=_draft_bytes(config, settings or {}, device, max_model_len))
+
+
+def _draft_bytes(config: EngineConfig, settings: dict, device: str, max_model_len: int) -> int:
+    """What speculative_model's engine holds resident, with the settings LLMEngine._draft_model
+    gives it (this engine's, one sequence, a pool of two of this engine's longest sequences)."""
+    if not config.speculative_model:
+        return 0
+    blocks = -(-max_model_len // config.block_size)
+    draft = estimate_memory(config.speculative_model, {
+        **settings, "speculative_model": None, "speculative_tokens": 0, "max_num_seqs": 1,
+        "num_kv_blocks": 2 * blocks + 1, "kv_cache_memory": None, "max_model_len": None,
+        "fair_share": False, "max_loras": 1}, device=device)
+    return draft.resident_bytes
 
 
 def _activation_dtype(name: str, device: str) -> str:

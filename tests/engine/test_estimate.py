@@ -139,3 +139,14 @@ def test_estimate_cli_names_a_setting_that_does_not_fit_the_model():
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "tensor_parallel_size: num_attention_heads (9) is not divisible by 2" in result.stderr
+
+
+def test_a_draft_model_is_counted_with_the_settings_its_engine_gets(tiny_llama_dir):
+    settings = {"num_kv_blocks": 10, "max_model_len": 256, "dtype": "float32"}
+    alone = estimate_memory(str(tiny_llama_dir), settings)
+    drafted = estimate_memory(str(tiny_llama_dir), {**settings, "speculative_model": str(tiny_llama_dir)})
+    # the draft's engine: the same weights, and a pool of two 256-token sequences (2 x 16 + 1 blocks)
+    draft = estimate_memory(str(tiny_llama_dir), {**settings, "num_kv_blocks": 33, "max_num_seqs": 1})
+    assert drafted.draft_bytes == draft.weights_bytes + draft.kv_cache_bytes + draft.tokenizer_bytes
+    assert drafted.resident_bytes == alone.resident_bytes + drafted.draft_bytes
+    assert "draft model" in drafted.describe() and "draft model" not in alone.describe()
