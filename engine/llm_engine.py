@@ -128,15 +128,16 @@ class LLMEngine:
                           proposer=self._draft_model() if self.config.speculative_model else None)
 
     def _draft_model(self) -> DraftModel:
-        """``speculative_model`` loaded in an engine of its own with this engine's settings, one
-        sequence at a time, a KV pool of two of this engine's longest sequences (the one it drafts
-        for, and another's prefix kept for its next call)."""
+        """``speculative_model`` loaded in an engine of its own with this engine's settings, as many
+        sequences at once as a step drafts for, a KV pool of two of this engine's longest sequences
+        (more drafting at once near the longest preempt each other there, as in any engine)."""
         config = self.config
         blocks = -(-self.max_model_len // config.block_size)
         try:
             draft = LLMEngine(dataclasses.replace(
                 config, model=config.speculative_model, speculative_model=None, speculative_tokens=0,
-                max_num_seqs=1, num_kv_blocks=2 * blocks + 1, kv_cache_memory=None, max_model_len=None,
+                max_num_seqs=config.speculative_max_decodes, num_kv_blocks=2 * blocks + 1,
+                kv_cache_memory=None, max_model_len=None,
                 fair_share=False, max_loras=1))
         except Exception as exc:
             raise InvalidParameterError(

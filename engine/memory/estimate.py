@@ -187,13 +187,14 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
 
 def _draft_bytes(config: EngineConfig, settings: dict, device: str, max_model_len: int) -> int:
     """What speculative_model's engine holds resident, with the settings LLMEngine._draft_model
-    gives it (this engine's, one sequence, a pool of two of this engine's longest sequences)."""
+    gives it (this engine's, a step's drafting sequences at once, a pool of two of this engine's
+    longest sequences)."""
     if not config.speculative_model:
         return 0
     blocks = -(-max_model_len // config.block_size)
     draft = estimate_memory(config.speculative_model, {
-        **settings, "speculative_model": None, "speculative_tokens": 0, "max_num_seqs": 1,
-        "num_kv_blocks": 2 * blocks + 1, "kv_cache_memory": None, "max_model_len": None,
+        **settings, "speculative_model": None, "speculative_tokens": 0,
+        "max_num_seqs": config.speculative_max_decodes, "num_kv_blocks": 2 * blocks + 1, "kv_cache_memory": None, "max_model_len": None,
         "fair_share": False, "max_loras": 1}, device=device)
     return draft.resident_bytes
 

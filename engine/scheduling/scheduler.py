@@ -158,8 +158,12 @@ class Scheduler:
         for a draft."""
         order = self._running_order()
         speculator = self.speculator
-        if speculator is not None and sum(s.num_uncomputed_tokens == 1 for s in order) > speculator.max_decodes:
-            speculator = None  # a compute-bound step: no drafts
+        if speculator is not None:
+            decodes = [s for s in order if s.num_uncomputed_tokens == 1]
+            if len(decodes) > speculator.max_decodes:
+                speculator = None  # a compute-bound step: no drafts
+            else:
+                speculator.prepare(decodes, step=self.num_steps)
         for seq in order:
             if step.budget <= 0:
                 break

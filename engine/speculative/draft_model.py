@@ -1,8 +1,8 @@
 """Drafts by a smaller model that shares the target's vocabulary (``speculative_model``).
 
-The draft model runs in an engine of its own (the same LLMEngine, one sequence at a time, its
-own KV pool and prefix cache): to draft k tokens for a sequence, it is handed the sequence's
-tokens and decodes k greedily. Its prefix cache holds what it computed for that sequence on the
+The draft model runs in an engine of its own (the same LLMEngine, its own KV pool and prefix
+cache): to draft k tokens for a sequence, it is handed the sequence's tokens and decodes k
+greedily; the sequences that draft in one step decode together, as rows of one batch. Its prefix cache holds what it computed for that sequence on the
 step before, so each call reads only the tokens added since (the verified ones) and the part of
 the last block it had not filled. Drafts go through the same verification as prompt lookup's
 (verify.py): the step emits the target's own tokens, so a draft model changes how many tokens a
@@ -10,8 +10,8 @@ step yields, never which. A greedy draft is a point proposal, for which acceptin
 target's sample equals it keeps a sampled answer the target's distribution exactly (it accepts
 less often than rejection sampling over the draft's distribution would).
 
-Cost: one prefill chunk and k - 1 decode steps of the draft model a drafting sequence, on the
-engine's thread, before the target's step. It pays where the draft model is several times
+Cost: one prefill chunk and k - 1 decode steps of the draft model for a step's drafting
+sequences together, on the engine's thread, before the target's step. It pays where the draft model is several times
 cheaper than the target and agrees with it often.
 """
 
@@ -37,28 +37,40 @@ class DraftModel:
         self._params = {}  # SamplingParams by draft length
 
     def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        return self.propose_many([(token_ids, num_tokens)])[0]
+
+    def propose_many(self, requests: list[tuple[list[int], int]]) -> list[list[int]]:
+        """``propose`` for several sequences at once: their drafts decode as rows of one batch."""
         engine = self.engine
-        if num_tokens <= 0 or len(token_ids) + num_tokens > engine.max_model_len:
-            return []
+        ids: dict[str, int] = {}
+        drafts: list[list[int]] = [[] for _ in requests]
+        try:
+            for i, (token_ids, num_tokens) in enumerate(requests):
+                if 0 < num_tokens and len(token_ids) + num_tokens <= engine.max_model_len:
+                    ids[request_id := f"draft-{next(self._ids)}"] = i
+                    engine.add_request(request_id, list(token_ids), self._sampling(num_tokens))
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.error is not None:  # the draft's own failure: no draft, the target goes on
+                        logger.warning("draft model failed: %s", out.error)
+                        drafts[ids[out.request_id]] = []
+                        ids.pop(out.request_id)
+                    elif out.request_id in ids:
+                        drafts[ids[out.request_id]].extend(out.token_ids_delta)
+        finally:
+            left = [request_id for request_id in ids if engine.has_request(request_id)]
+            for request_id in left:
+                engine.abort_request(request_id)
+            if left:
+                engine.step()
+        return [tokens[:num_tokens] for tokens, (_, num_tokens) in zip(drafts, requests)]
+
+    def _sampling(self, num_tokens: int) -> SamplingParams:
         params = self._params.get(num_tokens)
         if params is None:
             params = self._params[num_tokens] = SamplingParams(
                 temperature=0.0, max_tokens=num_tokens, ignore_eos=True, skip_special_tokens=False)
-        request_id = f"draft-{next(self._ids)}"
-        engine.add_request(request_id, list(token_ids), params)
-        tokens: list[int] = []
-        try:
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.error is not None:  # the draft's own failure: no draft, the target goes on
-                        logger.warning("draft model failed on %d tokens: %s", len(token_ids), out.error)
-                        return []
-                    tokens.extend(out.token_ids_delta)
-        finally:
-            if engine.has_request(request_id):
-                engine.abort_request(request_id)
-                engine.step()
-        return tokens[:num_tokens]
+        return params
 
 
 def check_vocabulary(engine, target_tokenizer, target_vocab_size: int) -> None:

@@ -47,30 +47,50 @@ class Speculator:
         self.num_tokens = num_tokens
         self.max_decodes = max_decodes
         self.proposer = proposer  # a draft model (draft_model.py), in place of prompt lookup
+        self._prepared: dict[int, list[int]] = {}  # a draft model's drafts for this step, by id(seq)
         self.min_n, self.max_n = min_n, max_n
         # all time: verifications (steps x sequences that drafted), draft tokens, accepted ones
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
+    def prepare(self, decodes: list[Sequence], *, step: int) -> None:
+        """Before a step's drafts: a draft model drafts for all of ``decodes`` that may draft at
+        once (one batch of its engine's rows, not one run a sequence); draft() then hands each
+        its share, cut to the step's budget. Prompt lookup needs nothing here."""
+        self._prepared = {}
+        if self.proposer is None:
+            return
+        wanted = [(seq, room) for seq in decodes if (room := self._room(seq, step, budget=None)) > 0]
+        if len(wanted) > 1:
+            drafts = self.proposer.propose_many([(seq.token_ids, room) for seq, room in wanted])
+            self._prepared = {id(seq): tokens for (seq, _), tokens in zip(wanted, drafts)}
+
     def draft(self, seq: Sequence, *, step: int, budget: int) -> list[int]:
         """Draft tokens for ``seq``'s next step (it decodes one token, ``budget`` tokens are left
         in the step), or []."""
-        params = seq.params
-        if (seq.grammar is not None or params.has_penalties or seq.adapter is not None
-                or seq.num_output_tokens < params.min_tokens or seq.max_num_tokens is None):
-            return []
-        state = self._state(seq)
-        if step < state.resume_at:
-            return []
-        # accepted drafts plus the token after them must fit the request's length
-        room = min(state.length, budget - 1, seq.max_num_tokens - seq.num_tokens - 1)
+        room = self._room(seq, step, budget)
         if room <= 0:
             return []
         if self.proposer is not None:
-            return self.proposer.propose(seq.token_ids, room)
+            prepared = self._prepared.pop(id(seq), None)
+            return prepared[:room] if prepared is not None else self.proposer.propose(seq.token_ids, room)
+        state = self._state(seq)
         state.buffer.sync(seq.token_ids)
         return propose(state.buffer, room, min_n=self.min_n, max_n=self.max_n)
+
+    def _room(self, seq: Sequence, step: int, budget: int | None) -> int:
+        """How many tokens ``seq`` may draft this step (0: none)."""
+        params = seq.params
+        if (seq.grammar is not None or params.has_penalties or seq.adapter is not None
+                or seq.num_output_tokens < params.min_tokens or seq.max_num_tokens is None):
+            return 0
+        state = self._state(seq)
+        if step < state.resume_at:
+            return 0
+        # accepted drafts plus the token after them must fit the request's length
+        room = min(state.length, seq.max_num_tokens - seq.num_tokens - 1)
+        return room if budget is None else min(room, budget - 1)
 
     def record(self, seq: Sequence, num_draft: int, num_accepted: int, *, step: int) -> None:
         """After ``seq``'s draft of ``num_draft`` tokens was verified: ``num_accepted`` kept."""

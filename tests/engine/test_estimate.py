@@ -146,7 +146,7 @@ def test_a_draft_model_is_counted_with_the_settings_its_engine_gets(tiny_llama_d
     alone = estimate_memory(str(tiny_llama_dir), settings)
     drafted = estimate_memory(str(tiny_llama_dir), {**settings, "speculative_model": str(tiny_llama_dir)})
     # the draft's engine: the same weights, and a pool of two 256-token sequences (2 x 16 + 1 blocks)
-    draft = estimate_memory(str(tiny_llama_dir), {**settings, "num_kv_blocks": 33, "max_num_seqs": 1})
+    draft = estimate_memory(str(tiny_llama_dir), {**settings, "num_kv_blocks": 33, "max_num_seqs": 4})
     assert drafted.draft_bytes == draft.weights_bytes + draft.kv_cache_bytes + draft.tokenizer_bytes
     assert drafted.resident_bytes == alone.resident_bytes + drafted.draft_bytes
     assert "draft model" in drafted.describe() and "draft model" not in alone.describe()

@@ -106,3 +106,16 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path, tiny_llama_dir
     (swapped / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(InvalidParameterError, match=r"speculative_model.*tokenizer differs.*id 300"):
         make_llm(tiny_llama_dir, speculative_model=str(swapped))
+
+
+@pytest.mark.slow
+def test_the_sequences_drafting_in_a_step_draft_as_one_batch(tiny_llama_dir):
+    """3 sequences, every draft of 4 accepted: one draft-engine prefill step and 3 decode steps
+    serve a target step's 3 drafts (one sequence at a time, it would take 12)."""
+    llm = make_llm(tiny_llama_dir, speculative_tokens=4, speculative_model=str(tiny_llama_dir))
+    draft_engine = llm.engine.scheduler.speculator.proposer.engine
+    outs = llm.generate(PROMPTS, [GREEDY] * 3)
+    assert all(len(o.token_ids) == 40 for o in outs)
+    target_steps, draft_steps = llm.engine.scheduler.num_steps, draft_engine.scheduler.num_steps
+    assert draft_steps <= 4 * target_steps, (draft_steps, target_steps)
+    assert llm.engine.scheduler.speculator.num_drafts >= 3 * (target_steps - 2)  # all three drafted nearly every step
