@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
@@ -32,14 +33,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class default_dtype:
-    """torch's default dtype is ``dtype`` inside the block (what a model's layers are built in)."""
+    """torch's default dtype is ``dtype`` inside the block (what a model's layers are built in).
+
+    The default dtype is the process's, not the thread's, so one block runs at a time: the
+    embedded server loads its models on threads of their own, and two loads overlapping had one
+    model's later layers (its final norm) built in the other's dtype, and the process left in
+    bf16 after both. Seen as a served model whose greedy answers differed from the same model
+    loaded alone (its fused step took float32 attention for a bf16 cache)."""
+
+    _lock = threading.RLock()
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
 
     def __enter__(self):
+        self._lock.acquire()
         self.previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
 
     def __exit__(self, *exc):
-        torch.set_default_dtype(self.previous)
+        try:
+            torch.set_default_dtype(self.previous)
+        finally:
+            self._lock.release()
