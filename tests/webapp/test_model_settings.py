@@ -86,6 +86,16 @@ def test_bad_settings_are_refused_naming_the_field(staff_client, tiny_llama_dir,
     assert version.engine_settings == {"num_kv_blocks": 64}
 
 
+def test_a_draft_model_that_is_not_there_is_refused_naming_the_setting(tiny_llama_dir, tmp_path):
+    from django.core.exceptions import ValidationError
+
+    version = version_of(tiny_llama_dir)
+    with pytest.raises(ValidationError, match=r"speculative_model.*nothing\.gguf"):
+        modelversion_update_settings(version=version, engine_settings={"speculative_model": str(tmp_path / "nothing.gguf")})
+    updated = modelversion_update_settings(version=version, engine_settings={"speculative_model": str(tiny_llama_dir)})
+    assert updated.engine_settings == {"speculative_model": str(tiny_llama_dir)}
+
+
 @pytest.mark.slow
 def test_upload_with_conversion_stores_bfloat16_shards_of_about_half_the_size(
         staff_client, tiny_llama_dir, tmp_path, django_capture_on_commit_callbacks):

@@ -7,7 +7,7 @@ instead of surfacing later as a worker that never comes up.
 
 from django.core.exceptions import ValidationError
 
-from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, check_settings
+from workers.schema import SETTINGS_BY_NAME, InvalidParameterError, ModelLoadError, check_settings, resolve_model_path
 
 
 def validate_engine_settings(settings: object) -> dict:
@@ -19,7 +19,7 @@ def validate_engine_settings(settings: object) -> dict:
     if not isinstance(settings, dict):
         raise ValidationError("engine settings must be a JSON object", code="invalid")
     try:
-        return check_settings(settings)
+        checked = check_settings(settings)
     except InvalidParameterError as exc:
         key = exc.param
         if key not in SETTINGS_BY_NAME:
@@ -28,3 +28,10 @@ def validate_engine_settings(settings: object) -> dict:
                                   params={"setting": key}) from exc
         raise ValidationError(f"engine setting {key!r} {exc.message}", code="invalid_setting",
                               params={"setting": key}) from exc
+    if checked.get("speculative_model"):  # a draft model the workers could not find would keep them from starting
+        try:
+            resolve_model_path(checked["speculative_model"])
+        except ModelLoadError as exc:
+            raise ValidationError(f"engine setting 'speculative_model': {exc}", code="invalid_setting",
+                                  params={"setting": "speculative_model"}) from exc
+    return checked
