@@ -2,17 +2,18 @@
 
 The draft model runs in an engine of its own (the same LLMEngine, its own KV pool and prefix
 cache): to draft k tokens for a sequence, it is handed the sequence's tokens and decodes k
-greedily; the sequences that draft in one step decode together, as rows of one batch. Its prefix cache holds what it computed for that sequence on the
-step before, so each call reads only the tokens added since (the verified ones) and the part of
-the last block it had not filled. Drafts go through the same verification as prompt lookup's
-(verify.py): the step emits the target's own tokens, so a draft model changes how many tokens a
-step yields, never which. A greedy draft is a point proposal, for which accepting while the
-target's sample equals it keeps a sampled answer the target's distribution exactly (it accepts
-less often than rejection sampling over the draft's distribution would).
+greedily; the sequences that draft in one step decode together, as rows of one batch. Its
+prefix cache holds what it computed for a sequence on the step before, so each call reads only
+the tokens added since (the verified ones) and the part of the last block it had not filled.
+Drafts go through the same verification as prompt lookup's (verify.py): the step emits the
+target's own tokens, so a draft model changes how many tokens a step yields, never which. A
+greedy draft is a point proposal, for which accepting while the target's sample equals it keeps
+a sampled answer the target's distribution exactly (it accepts less often than rejection
+sampling over the draft's distribution would).
 
 Cost: one prefill chunk and k - 1 decode steps of the draft model for a step's drafting
-sequences together, on the engine's thread, before the target's step. It pays where the draft model is several times
-cheaper than the target and agrees with it often.
+sequences together, on the engine's thread, before the target's step. It pays where the draft
+model is several times cheaper than the target and agrees with it often.
 """
 
 from __future__ import annotations
