@@ -96,6 +96,20 @@ def test_a_draft_model_that_is_not_there_is_refused_naming_the_setting(tiny_llam
     assert updated.engine_settings == {"speculative_model": str(tiny_llama_dir)}
 
 
+def test_the_form_sets_a_draft_model_and_refuses_one_that_is_not_there(staff_client, tiny_llama_dir, tmp_path):
+    version = version_of(tiny_llama_dir, {"num_kv_blocks": 64})
+    url = f"/console/models/versions/{version.pk}/settings/"
+
+    page = staff_client.post(url, {"speculative_model": str(tmp_path / "nothing.gguf")}, follow=True).content.decode()
+    assert "Cannot save the engine settings of tiny v1" in page and "speculative_model" in page
+    staff_client.post(url, {"speculative_model": str(tiny_llama_dir), "speculative_tokens": "4"})
+    version.refresh_from_db()
+    assert version.engine_settings == {"num_kv_blocks": 64, "speculative_model": str(tiny_llama_dir),
+                                       "speculative_tokens": 4}
+    page = staff_client.get("/console/models/").content.decode()
+    assert f'name="speculative_model" value="{tiny_llama_dir}" inputmode="text"' in page
+
+
 @pytest.mark.slow
 def test_upload_with_conversion_stores_bfloat16_shards_of_about_half_the_size(
         staff_client, tiny_llama_dir, tmp_path, django_capture_on_commit_callbacks):

@@ -38,6 +38,8 @@ FORM_SETTINGS = (
     ("max_num_seqs", "Max running requests", "int"),
     ("max_num_batched_tokens", "Max batched tokens per step", "int"),
     ("tensor_parallel_size", "Tensor parallel ranks (processes)", "int"),
+    ("speculative_tokens", "Draft tokens a step (0: no drafts)", "int"),
+    ("speculative_model", "Draft model path (empty: prompt lookup)", "text"),
 )
 CHOICES = {name: tuple(map(str, SETTINGS_BY_NAME[name].choices)) for name, _, kind in FORM_SETTINGS
            if kind == "choice"}
