@@ -284,6 +284,17 @@ def check_settings(settings: object) -> dict:
     return dict(sorted(settings.items()))
 
 
+def draft_settings(config: EngineConfig, max_model_len: int) -> dict:
+    """The settings speculative_model's engine runs with, over this engine's (``max_model_len``:
+    this engine's context): as many sequences as a step drafts for, a KV pool of two of this
+    engine's longest sequences (more drafting at once near the longest preempt each other there,
+    as in any engine), its own context, no drafts of its own."""
+    blocks = -(-max_model_len // config.block_size)
+    return {"model": config.speculative_model, "speculative_model": None, "speculative_tokens": 0,
+            "max_num_seqs": config.speculative_max_decodes, "num_kv_blocks": 2 * blocks + 1,
+            "kv_cache_memory": None, "max_model_len": None, "fair_share": False, "max_loras": 1}
+
+
 def max_num_decodes(config: EngineConfig, device_type: str) -> int | None:
     """The scheduler's cap on one step's decodes (None: none), its default resolved for the device."""
     if config.max_num_decodes_per_step is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.window_blocks import WindowedBlockManager
-from engine.config import EngineConfig, max_num_decodes
+from engine.config import EngineConfig, draft_settings, max_num_decodes
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.distributed.parallel_state import RankLostError
 from engine.scheduling.admission import check_length, check_request, check_tenancy, check_token_ids, encode_prompt
@@ -128,17 +128,11 @@ class LLMEngine:
                           proposer=self._draft_model() if self.config.speculative_model else None)
 
     def _draft_model(self) -> DraftModel:
-        """``speculative_model`` loaded in an engine of its own with this engine's settings, as many
-        sequences at once as a step drafts for, a KV pool of two of this engine's longest sequences
-        (more drafting at once near the longest preempt each other there, as in any engine)."""
+        """``speculative_model`` loaded in an engine of its own with this engine's settings but
+        those config.draft_settings gives it."""
         config = self.config
-        blocks = -(-self.max_model_len // config.block_size)
         try:
-            draft = LLMEngine(dataclasses.replace(
-                config, model=config.speculative_model, speculative_model=None, speculative_tokens=0,
-                max_num_seqs=config.speculative_max_decodes, num_kv_blocks=2 * blocks + 1,
-                kv_cache_memory=None, max_model_len=None,
-                fair_share=False, max_loras=1))
+            draft = LLMEngine(dataclasses.replace(config, **draft_settings(config, self.max_model_len)))
         except Exception as exc:
             raise InvalidParameterError(
                 "speculative_model", f"the draft model {config.speculative_model!r} did not load: {exc}") from exc

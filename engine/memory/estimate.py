@@ -34,7 +34,8 @@ import numpy as np
 
 from engine.kernels.cpu import cpu_info
 from engine.kernels.cpu import build as native_kernels
-from engine.config import EngineConfig, resolve_kv_cache_dtype, resolve_quantization, resolve_use_triton
+from engine.config import (EngineConfig, draft_settings, resolve_kv_cache_dtype, resolve_quantization,
+                           resolve_use_triton)
 from engine.errors import InvalidParameterError, ModelLoadError
 from engine.memory.kv_pool_sizing import KV_SCALE_BYTES, kv_bytes_per_token, num_kv_blocks
 from engine.models.gguf_file import read_header
@@ -186,17 +187,12 @@ def estimate_memory(model: str, settings: dict | None = None, *, device: str | N
 
 
 def _draft_bytes(config: EngineConfig, settings: dict, device: str, max_model_len: int) -> int:
-    """What speculative_model's engine holds resident, with the settings LLMEngine._draft_model
-    gives it (this engine's, a step's drafting sequences at once, a pool of two of this engine's
-    longest sequences)."""
+    """What speculative_model's engine holds resident, with the settings LLMEngine gives it
+    (config.draft_settings)."""
     if not config.speculative_model:
         return 0
-    blocks = -(-max_model_len // config.block_size)
-    draft = estimate_memory(config.speculative_model, {
-        **settings, "speculative_model": None, "speculative_tokens": 0,
-        "max_num_seqs": config.speculative_max_decodes, "num_kv_blocks": 2 * blocks + 1, "kv_cache_memory": None, "max_model_len": None,
-        "fair_share": False, "max_loras": 1}, device=device)
-    return draft.resident_bytes
+    draft = dict(settings, **draft_settings(config, max_model_len))
+    return estimate_memory(draft.pop("model"), draft, device=device).resident_bytes
 
 
 def _activation_dtype(name: str, device: str) -> str:
