@@ -73,16 +73,70 @@ async def stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_t
     return Stream(read.request_id, sent, read.first, read.last, read.output_tokens)
 
 
-async def probes(http, url: str, key: str, count: int, max_tokens: int, failures: list[str]) -> list[Stream]:
-    """B: ``count`` requests one at a time (a refused one goes to ``failures``)."""
+async def probes(http, url: str, key: str, count: int, max_tokens: int, failures: list[str],
+                 client: ProbeProcess | None = None) -> list[Stream]:
+    """B: ``count`` requests one at a time (a refused one goes to ``failures``), from its own
+    process (``client``) or from this event loop."""
     done = []
     for _ in range(count):
         try:
-            done.append(await stream(http, url, key, PROBE_PROMPT, max_tokens))
+            done.append(await (client.probe() if client else stream(http, url, key, PROBE_PROMPT, max_tokens)))
         except (RuntimeError, httpx.HTTPError) as exc:
             failures.append(str(exc)[:120])
         await asyncio.sleep(PROBE_GAP_S)
     return done
+
+
+class ProbeProcess:
+    """User B as a client of its own: this script in ``--as-probe`` mode, in a process of its own,
+    sending one request per line it reads and answering with its ``Stream`` as JSON. Another tenant
+    is another program (usually on another machine); a probe sent from the flood's own event loop
+    also waits behind the flood's 200 streams being parsed in that loop, which is the client's
+    delay, not the server's. ``--probe-client same`` keeps the in-loop probe for comparison."""
+
+    def __init__(self, url: str, key: str, max_tokens: int):
+        self.args = [PY, __file__, "--as-probe", url, key, str(max_tokens)]
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self):
+        self.proc = await asyncio.create_subprocess_exec(*self.args, stdin=asyncio.subprocess.PIPE,
+                                                         stdout=asyncio.subprocess.PIPE)
+        return self
+
+    async def __aexit__(self, *exc):
+        self.proc.stdin.close()
+        await self.proc.wait()
+
+    async def probe(self) -> Stream:
+        self.proc.stdin.write(b"go\n")
+        await self.proc.stdin.drain()
+        answer = json.loads(await self.proc.stdout.readline())
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return Stream(**answer)
+
+
+async def as_probe(url: str, key: str, max_tokens: int) -> None:
+    """The probe process's loop: a request per line on stdin, its Stream (or error) as a JSON line."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        while await reader.readline():
+            try:
+                answer = vars(await stream(http, url, key, PROBE_PROMPT, max_tokens))
+            except (RuntimeError, httpx.HTTPError) as exc:
+                answer = {"error": str(exc)[:120]}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+
+
+async def loop_lag(stop: asyncio.Event, lags: list[float], period: float = 0.005) -> None:
+    """How late this event loop runs a timer (the flood's client, parsing 200 streams' events)."""
+    while not stop.is_set():
+        due = time.perf_counter() + period
+        await asyncio.sleep(period)
+        lags.append(time.perf_counter() - due)
 
 
 async def flood_stream(http, url: str, key: str, index: int, max_tokens: int, stop: asyncio.Event,
@@ -130,24 +184,32 @@ def engine_ttfts(db: Path, request_ids: list[str]) -> list[float]:
 
 async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
     limits = httpx.Limits(max_connections=args.flood + 8, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await stream(http, url, keys["b"], PROBE_PROMPT, args.probe_tokens)  # warm-up
-        b_failures, a_failures = [], []
-        idle = await probes(http, url, keys["b"], args.probes, args.probe_tokens, b_failures)
+    clients = {"own": "own", "same": "same", "both": "own,same"}[args.probe_client].split(",")
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http, \
+            ProbeProcess(url, keys["b"], args.probe_tokens) as own:
+        by = {"own": own, "same": None}
+        b_failures, a_failures, idle, loaded = [], [], {c: [] for c in clients}, {c: [] for c in clients}
+        for client in clients:
+            await probes(http, url, keys["b"], 1, args.probe_tokens, [], by[client])  # warm-up
+        for i in range(args.probes):  # one at a time, the clients taking turns
+            idle[clients[i % len(clients)]] += await probes(http, url, keys["b"], 1, args.probe_tokens, b_failures,
+                                                            by[clients[i % len(clients)]])
 
-        stop, flood = asyncio.Event(), []
+        stop, flood, lags = asyncio.Event(), [], []
         tasks = [asyncio.create_task(flood_stream(http, url, keys["a"], i, args.flood_tokens, stop, flood,
                                                   a_failures)) for i in range(args.flood)]
+        tasks.append(asyncio.create_task(loop_lag(stop, lags)))
         await asyncio.sleep(args.warmup)
-        alone_windows, shared_windows, loaded = [], [], []
+        alone_windows, shared_windows = [], []
         for _ in range(args.cycles):
             start = time.perf_counter()
             await asyncio.sleep(args.window)
             alone_windows.append((start, time.perf_counter()))
             start = time.perf_counter()
-            deadline = start + args.window
+            deadline, i = start + args.window, 0
             while time.perf_counter() < deadline:
-                loaded += await probes(http, url, keys["b"], 1, args.probe_tokens, b_failures)
+                client, i = clients[i % len(clients)], i + 1
+                loaded[client] += await probes(http, url, keys["b"], 1, args.probe_tokens, b_failures, by[client])
             shared_windows.append((start, time.perf_counter()))
         stop.set()
         await asyncio.gather(*tasks)
@@ -156,10 +218,14 @@ async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
         return sum(tokens_in(flood, a, b) for a, b in windows) / sum(b - a for a, b in windows)
 
     itl = [(s.last - s.first) / (s.tokens - 1) for s in flood if s.tokens > 1]
+    main = clients[0]
     return {
-        "idle": [s.ttft for s in idle], "loaded": [s.ttft for s in loaded],
-        "engine_idle": engine_ttfts(db, [s.request_id for s in idle]),
-        "engine_loaded": engine_ttfts(db, [s.request_id for s in loaded]),
+        "idle": [s.ttft for s in idle[main]], "loaded": [s.ttft for s in loaded[main]],
+        "idle_same": [s.ttft for s in idle.get("same", [])] if main != "same" else [],
+        "loaded_same": [s.ttft for s in loaded.get("same", [])] if main != "same" else [],
+        "engine_idle": engine_ttfts(db, [s.request_id for s in idle[main]]),
+        "engine_loaded": engine_ttfts(db, [s.request_id for s in loaded[main]]),
+        "client_lag": lags,
         "alone_tok_s": rate(alone_windows), "shared_tok_s": rate(shared_windows),
         "flood_itl": itl, "flood_requests": len(flood), "b_failures": b_failures, "a_failures": a_failures,
     }
@@ -197,7 +263,15 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=30.0, help="seconds of each measured window")
     ap.add_argument("--cycles", type=int, default=2, help="pairs of windows (flood alone, flood + B)")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of flood before measuring")
+    ap.add_argument("--probe-client", choices=("own", "same", "both"), default="own",
+                    help="B's requests from a process of its own (own), from the flood's event loop (same), "
+                         "or both in turns (the figures are own's; same's are printed below them)")
+    ap.add_argument("--as-probe", nargs=3, metavar=("URL", "KEY", "TOKENS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.as_probe:
+        url, key, tokens = args.as_probe
+        asyncio.run(as_probe(url, key, int(tokens)))
+        return 0
     modes = [m for m in args.modes.split(",") if m]
     if not modes or not all(re.fullmatch(r"(on|off)(@\d+)?", m) for m in modes):
         ap.error("--modes: a comma-separated list of on, off, on@N and off@N")
@@ -235,7 +309,14 @@ def main() -> int:
         ("flood tok/s alone", lambda r: f"{r['alone_tok_s']:17.1f}"),
         ("flood tok/s while B is served", lambda r: f"{r['shared_tok_s']:17.1f}"),
         ("  ratio (target >= 0.9)", lambda r: f"{r['shared_tok_s'] / r['alone_tok_s']:17.2f}"),
+        ("flood client's loop lag p50 / p95", lambda r: f"{ms(r['client_lag'], 50)} /{ms(r['client_lag'], 95)}"),
     ]
+    if args.probe_client == "both":
+        rows += [
+            ("B in the flood's loop: idle p50", lambda r: f"{ms(r['idle_same'], 50):>17}"),
+            ("  under flood p50 / p95", lambda r: f"{ms(r['loaded_same'], 50)} /{ms(r['loaded_same'], 95)}"),
+            ("  ratio p50", lambda r: f"{percentile(r['loaded_same'], 50) / percentile(r['idle_same'], 50):17.2f}"),
+        ]
     for name, cell in rows:
         print(f"{name:<35}" + "".join(f"{cell(results[m]):>16}" for m in modes))
     shutil.rmtree(root, ignore_errors=True)
