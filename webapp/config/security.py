@@ -10,7 +10,8 @@ browsers before CSP Level 3 do not let 'self' match ws:/wss:.
 from __future__ import annotations
 
 from django.core.exceptions import DisallowedHost
-from django.utils.deprecation import MiddlewareMixin
+
+from webapp.config.middleware import OnTheLoop
 
 HEADER = "Content-Security-Policy"
 
@@ -32,8 +33,8 @@ def content_security_policy(host: str | None) -> str:
     ])
 
 
-class ContentSecurityPolicyMiddleware(MiddlewareMixin):
-    """Sets the policy unless a view set its own."""
+class ContentSecurityPolicyMiddleware(OnTheLoop):
+    """Sets the policy unless a view set its own (a header: on the event loop under ASGI)."""
 
     def process_response(self, request, response):
         if HEADER not in response:

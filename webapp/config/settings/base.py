@@ -46,17 +46,19 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Django's own are run on the event loop under ASGI (webapp/config/middleware.py: no thread
+    # hop for each hook of each request).
     # First, so that its headers (nosniff, Referrer-Policy, COOP) and the CSP reach static files too.
-    "django.middleware.security.SecurityMiddleware",
+    "webapp.config.middleware.SecurityMiddleware",
     "webapp.config.security.ContentSecurityPolicyMiddleware",
     "webapp.config.static_files.StaticFilesMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "webapp.config.middleware.SessionMiddleware",
+    "webapp.config.middleware.CommonMiddleware",
+    "webapp.config.middleware.CsrfViewMiddleware",
+    "webapp.config.middleware.AuthenticationMiddleware",
     "webapp.audit.context.AuditContextMiddleware",  # who makes the changes of this request, from where
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "webapp.config.middleware.MessageMiddleware",
+    "webapp.config.middleware.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.config.urls"
