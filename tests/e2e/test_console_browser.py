@@ -388,6 +388,11 @@ def test_the_uploading_tab_itself_shows_the_validation_progress(staff, console_s
             break
         page.wait_for_timeout(100)
     shoot(page, artifacts_dir, "models-upload-v2")
+    # Two validated versions, each with its summary and memory lines: at 1440 px the table fits its
+    # card without scrolling (long lines wrap inside the validation column).
+    table_width, region_width = page.evaluate(
+        "() => [document.querySelector('#versions').scrollWidth, document.querySelector('#versions').parentElement.clientWidth]")
+    assert table_width <= region_width, f"the versions table is {table_width} px wide in its {region_width} px card"
     print(f"\nthe uploading tab saw: {seen}")
     assert seen and seen[-1]["status"] == "ready", f"v2 did not end ready in the uploading tab: {seen}"
     assert seen[0]["status"] == "validating", (
