@@ -1,5 +1,5 @@
 """Suite-wide hooks and fixtures: GPU tests skip themselves without CUDA; a place for artifacts;
-one compute thread per core under pytest-xdist."""
+one compute thread per core under pytest-xdist; embedded engines at the web thread's priority."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
+
+# The embedded engine runs below the web thread by default (nice 5: workers/serving.py), so it also
+# yields to every other process of the host. Here that is the suite's other xdist worker, and an
+# engine yielding to it measures the host, not the server (a tiny model's flooded TTFT doubled).
+# The servers the tests start inherit this; the tests of the nice value set theirs.
+os.environ.setdefault("PAGODA_EMBEDDED_ENGINE_NICE", "0")
 
 
 # Fixtures whose every user is expensive, and the marker it gets (pytest.ini): a test that

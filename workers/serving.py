@@ -31,14 +31,17 @@ from workers.transport import TransportUnreachable
 # In embedded mode an engine worker is a thread of the web process, and so are the OpenMP threads
 # of its native kernels, which it starts and which inherit its nice value. At a lower priority
 # the engine takes what the web thread (HTTP, streaming, the database) leaves of the CPU, instead
-# of the web thread waiting for a time slice behind two busy kernel threads: a newcomer's time to
-# first token under another user's flood of 200 streams, p50 95-116 ms at 0 and 74-109 ms at 5,
-# the flood's tokens/s the same (bench/fair_share.py, docs/performance.md). Off (0) by default:
-# the engine then also yields to every other process of the host, and on a shared one (the test
-# suite's other worker) a tiny model's flooded TTFT doubled.
+# of the web thread waiting for a time slice behind two busy kernel threads. Another user's time to
+# first token under a flood of 200 streams, p50 of 3 alternated runs each: 93-97 ms at 0, 63-74 ms at
+# 5, the flood's tokens/s the same (bench/fair_share.py, docs/performance.md). On by default (5) since
+# 2026-12-07. The engine then also yields to every other process of the host: on a shared one set 0
+# (the test suite does: its second worker beside a server doubled a tiny model's flooded TTFT).
+DEFAULT_EMBEDDED_ENGINE_NICE = 5
+
+
 def embedded_engine_nice() -> int:
-    """PAGODA_EMBEDDED_ENGINE_NICE (default 0: off), 0 to 19; ValueError names a bad one."""
-    raw = os.environ.get("PAGODA_EMBEDDED_ENGINE_NICE", "0").strip()
+    """PAGODA_EMBEDDED_ENGINE_NICE (default 5; 0: off), 0 to 19; ValueError names a bad one."""
+    raw = os.environ.get("PAGODA_EMBEDDED_ENGINE_NICE", str(DEFAULT_EMBEDDED_ENGINE_NICE)).strip()
     if not raw.isdigit() or int(raw) > 19:
         raise ValueError(f"PAGODA_EMBEDDED_ENGINE_NICE must be a whole number from 0 to 19, not {raw!r}")
     return int(raw)

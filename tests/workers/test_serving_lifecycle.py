@@ -95,7 +95,7 @@ async def test_an_embedded_worker_and_the_kernel_threads_it_starts_run_below_the
 
 def test_the_embedded_engines_nice_value_is_read_and_checked(monkeypatch):
     monkeypatch.delenv("PAGODA_EMBEDDED_ENGINE_NICE", raising=False)
-    assert embedded_engine_nice() == 0
+    assert embedded_engine_nice() == 5  # the default: the web thread first
     for raw, value in (("0", 0), ("19", 19), (" 3 ", 3)):
         monkeypatch.setenv("PAGODA_EMBEDDED_ENGINE_NICE", raw)
         assert embedded_engine_nice() == value
