@@ -287,9 +287,9 @@ def main() -> int:
           f"at a time, {args.probe_tokens} tokens; {args.cycles} x ({args.window:.0f} s alone + "
           f"{args.window:.0f} s with B) after {args.warmup:.0f} s; load average {os.getloadavg()[0]:.1f}",
           flush=True)
-    results = {}
+    results = []  # per mode in order: a mode named twice (on,on@16,on,on@16) is run and shown twice
     for mode in modes:
-        results[mode] = r = run_mode(args, mode, root, env, keys)
+        results.append(r := run_mode(args, mode, root, env, keys))
         print(f"fair_share {mode}: {len(r['loaded'])} B requests under the flood, {r['flood_requests']} flood "
               f"requests; refused or failed: B {len(r['b_failures'])}, flood {len(r['a_failures'])}"
               f"{' (' + failure_kinds(r['a_failures']) + ')' if r['a_failures'] else ''}"
@@ -297,7 +297,7 @@ def main() -> int:
               f"{os.getloadavg()[0]:.1f}", flush=True)
 
     print(f"\nCPU: {cpu_line()}")
-    print("\n                                   " + "".join(f"{'fair_share ' + m:>16}" for m in modes))
+    print("\n                                   " + "".join(f"{' fair_share ' + m:>16}" for m in modes))
     rows = [
         ("B TTFT idle p50 / p95 (ms)", lambda r: f"{ms(r['idle'], 50)} /{ms(r['idle'], 95)}"),
         ("B requests under flood: served / refused", lambda r: f"{len(r['loaded']):8d} /{len(r['b_failures']):8d}"),
@@ -318,7 +318,7 @@ def main() -> int:
             ("  ratio p50", lambda r: f"{percentile(r['loaded_same'], 50) / percentile(r['idle_same'], 50):17.2f}"),
         ]
     for name, cell in rows:
-        print(f"{name:<35}" + "".join(f"{cell(results[m]):>16}" for m in modes))
+        print(f"{name:<35}" + "".join(f"{cell(r):>16}" for r in results))
     shutil.rmtree(root, ignore_errors=True)
     return 0
 
