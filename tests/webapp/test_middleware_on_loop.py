@@ -1,39 +1,30 @@
 """Django's middleware under ASGI runs on the event loop (webapp/config/middleware.py).
 
 The stock ``MiddlewareMixin`` moves each hook to the request's thread and back (``sync_to_async``).
-These tests count the hops a request makes through the chain, with the stock chain as the
-control, and check that what blocks still runs in the thread: the session saved at login, the
-CSRF check of a form, and messages stored."""
+These tests drive the project's ASGI handler as Daphne does (scope, receive, send), count the hops
+a request makes through the chain with Django's own handler as the control, and check that what
+blocks still runs in the thread: the session saved at login, the CSRF check of a form, messages
+stored. Settings keep Django's dotted paths, so that ``check --deploy`` finds them."""
 
 from __future__ import annotations
 
 import asyncio
+from http.cookies import SimpleCookie
+from urllib.parse import urlencode
 
 import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.messages.storage.cookie import CookieStorage
+from django.core.handlers.asgi import ASGIHandler as StockASGIHandler
 from django.http import HttpResponse
-from django.test import AsyncClient, override_settings
 from django.test.client import AsyncRequestFactory
 
 from webapp.config import middleware
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-STOCK = [
-    "django.middleware.security.SecurityMiddleware",
-    "webapp.config.security.ContentSecurityPolicyMiddleware",
-    "webapp.config.static_files.StaticFilesMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "webapp.audit.context.AuditContextMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
 
 
 @pytest.fixture
@@ -54,46 +45,104 @@ def middleware_hops(seen: list[str]) -> list[str]:
     return [name for name in seen if ".process_" in name]
 
 
+class Browser:
+    """Requests through an ASGI application as Daphne makes them, keeping cookies."""
+
+    def __init__(self, app):
+        self.app, self.cookies = app, SimpleCookie()
+
+    async def request(self, method: str, path: str, form: dict | None = None,
+                      headers: dict | None = None) -> tuple[int, dict[str, str], bytes]:
+        body = urlencode(form).encode() if form is not None else b""
+        raw = [(b"host", b"testserver")]
+        raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
+        if form is not None:
+            raw.append((b"content-type", b"application/x-www-form-urlencoded"))
+        if self.cookies:
+            raw.append((b"cookie", "; ".join(f"{k}={m.value}" for k, m in self.cookies.items()).encode()))
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "root_path": "", "headers": raw, "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+        messages_out, hang_up = [], asyncio.Event()  # the client stays until the response is read
+
+        async def receive():
+            if sent:
+                return sent.pop(0)
+            await hang_up.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            messages_out.append(message)
+
+        await self.app(scope, receive, send)
+        start = next(m for m in messages_out if m["type"] == "http.response.start")
+        response_headers: dict[str, str] = {}
+        for name, value in start["headers"]:
+            name, value = name.decode().lower(), value.decode()
+            if name == "set-cookie":
+                self.cookies.load(value)
+            response_headers[name] = value
+        return start["status"], response_headers, b"".join(m.get("body", b"") for m in messages_out
+                                                            if m["type"] == "http.response.body")
+
+
 async def test_an_api_request_crosses_the_chain_without_a_thread_hop(hops):
-    response = await AsyncClient().get("/v1/models", headers={"Authorization": "Bearer sk-not-a-key"})
-    assert response.status_code == 401  # through every middleware and the view
+    status, headers, _ = await Browser(middleware.ASGIHandler()).request(
+        "GET", "/v1/models", headers={"Authorization": "Bearer sk-not-a-key"})
+    assert status == 401  # through every middleware and the view
     assert middleware_hops(hops) == []
-    assert response["X-Frame-Options"] == "DENY" and "Content-Security-Policy" in response
+    assert headers["x-frame-options"] == "DENY" and "content-security-policy" in headers
 
 
-async def test_the_stock_chain_hops_for_every_hook(hops):
-    """The control: the same request through Django's own classes."""
-    with override_settings(MIDDLEWARE=STOCK):
-        response = await AsyncClient().get("/v1/models", headers={"Authorization": "Bearer sk-not-a-key"})
-    assert response.status_code == 401
+async def test_djangos_own_handler_hops_for_every_hook(hops):
+    """The control: the same request through Django's handler and its stock classes."""
+    status, _, _ = await Browser(StockASGIHandler()).request(
+        "GET", "/v1/models", headers={"Authorization": "Bearer sk-not-a-key"})
+    assert status == 401
     assert len(middleware_hops(hops)) >= 10, hops
 
 
+async def test_settings_keep_djangos_dotted_paths_for_its_deploy_checks():
+    assert "django.middleware.security.SecurityMiddleware" in settings.MIDDLEWARE
+    assert "django.middleware.csrf.CsrfViewMiddleware" in settings.MIDDLEWARE
+    assert "django.middleware.clickjacking.XFrameOptionsMiddleware" in settings.MIDDLEWARE
+    handler = middleware.ASGIHandler()
+    assert settings.MIDDLEWARE[0] == "django.middleware.security.SecurityMiddleware"  # restored after loading
+    chain, names = handler._middleware_chain, []
+    while chain is not None:  # each middleware (wrapped by Django's exception handling) holds the next
+        chain = getattr(chain, "__wrapped__", chain)
+        names.append(f"{type(chain).__module__}.{type(chain).__name__}")
+        chain = getattr(chain, "get_response", None)
+    assert sorted(set(names) & set(middleware.ON_THE_LOOP.values())) == sorted(middleware.ON_THE_LOOP.values()), names
+
+
 async def test_a_page_render_makes_no_middleware_hop(hops):
-    response = await AsyncClient().get("/accounts/login/")
-    assert response.status_code == 200
+    browser = Browser(middleware.ASGIHandler())
+    status, _, _ = await browser.request("GET", "/accounts/login/")
+    assert status == 200
     assert middleware_hops(hops) == []
-    assert "csrftoken" in response.cookies  # set on the loop, CSRF_USE_SESSIONS being off
+    assert "csrftoken" in browser.cookies  # set on the loop, CSRF_USE_SESSIONS being off
 
 
-async def test_login_saves_the_session_in_the_thread_and_the_next_request_is_the_user(hops):
+async def test_login_saves_the_session_in_the_thread_and_the_next_page_is_the_users(hops):
     await sync_to_async(get_user_model().objects.create_user)("alice", password="pw-alice-123")
-    client = AsyncClient(enforce_csrf_checks=True)
-    page = await client.get("/accounts/login/")
-    token = page.cookies["csrftoken"].value
-    refused = await client.post("/accounts/login/", {"username": "alice", "password": "pw-alice-123"})
-    assert refused.status_code == 403  # no token: the check ran (in the thread: a form body)
+    browser = Browser(middleware.ASGIHandler())
+    await browser.request("GET", "/accounts/login/")
+    form = {"username": "alice", "password": "pw-alice-123"}
+    refused, _, _ = await browser.request("POST", "/accounts/login/", form)
+    assert refused == 403  # no token: the check ran (in the thread: a form body)
 
     hops.clear()
-    login = await client.post("/accounts/login/", {"username": "alice", "password": "pw-alice-123",
-                                                    "csrfmiddlewaretoken": token})
-    assert login.status_code == 302, login.content[:300]
+    status, _, body = await browser.request(
+        "POST", "/accounts/login/", {**form, "csrfmiddlewaretoken": browser.cookies["csrftoken"].value})
+    assert status == 302, body[:300]
     assert {"django.middleware.csrf.CsrfViewMiddleware.process_view",
             "django.contrib.sessions.middleware.SessionMiddleware.process_response"} <= set(middleware_hops(hops))
-    assert "sessionid" in login.cookies
+    assert "sessionid" in browser.cookies
 
-    chat = await client.get("/")
-    assert chat.status_code == 200 and b'id="composer"' in chat.content  # logged in: the session was saved
+    status, _, page = await browser.request("GET", "/")
+    assert status == 200 and b'id="composer"' in page and b"alice" in page  # the session was saved
 
 
 async def test_messages_added_by_a_view_are_stored_from_the_thread(hops):
@@ -110,16 +159,3 @@ async def test_messages_added_by_a_view_are_stored_from_the_thread(hops):
     kept = CookieStorage(request)._decode(response.cookies["messages"].value)  # the fallback's cookie
     assert [m.message for m in kept] == ["kept"]
     assert "django.contrib.messages.middleware.MessageMiddleware.process_response" in middleware_hops(hops)
-
-
-async def test_two_users_in_parallel_each_get_their_own_page():
-    users = get_user_model().objects
-    clients = {}
-    for name in ("bob", "carol"):
-        await sync_to_async(users.create_user)(name, password=f"pw-{name}-123")
-        clients[name] = AsyncClient()
-        assert await clients[name].alogin(username=name, password=f"pw-{name}-123")
-    pages = await asyncio.gather(*(client.get("/") for client in clients.values()))
-    for name, page in zip(clients, pages):
-        assert page.status_code == 200
-        assert name.encode() in page.content and (b"carol" if name == "bob" else b"bob") not in page.content

@@ -8,14 +8,20 @@ import atexit
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 # Unset: the self-hosting settings (DEBUG off), never the development ones.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.config.settings.serve")
 
-# Django must be set up before anything that imports models (consumers, auth middleware).
-# /static/ is served by WhiteNoise inside Django's middleware (webapp/config/static_files.py).
-django_asgi_app = get_asgi_application()
+# Django must be set up before anything that imports models (consumers, auth middleware); what
+# get_asgi_application() does, with the handler that runs Django's middleware on the event loop
+# (webapp/config/middleware.py). /static/ is served by WhiteNoise inside that middleware
+# (webapp/config/static_files.py).
+django.setup(set_prefix=False)
+
+from webapp.config.middleware import ASGIHandler  # noqa: E402
+
+django_asgi_app = ASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -13,53 +13,29 @@ request body:
 - messages that were read or added (their session storage);
 - a CSRF check that reads a form body (a POST to a view that is not exempt).
 
-On the sync path (WSGI, the test client) nothing changes: ``__call__`` is ``MiddlewareMixin``'s.
-The project's own middleware is written the same way (webapp/config/security.py's policy header,
-webapp/config/static_files.py, webapp/audit/context.py).
+Settings keep naming Django's classes by their dotted paths: its deploy checks (``check --deploy``:
+HSTS, the HTTPS redirect, X-Frame-Options, CSRF) look for those exact strings and stay silent
+about the rest when they are missing. The ASGI handler here, ``ASGIHandler``, loads each one's
+subclass from ``ON_THE_LOOP`` in its place. The sync path (WSGI, the test client) runs the stock
+classes, which make no hop there. The project's own middleware is written to run on the loop
+(webapp/config/security.py's policy header, webapp/config/static_files.py, webapp/audit/context.py).
 """
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware as _Authentication
 from django.contrib.messages.middleware import MessageMiddleware as _Message
 from django.contrib.sessions.middleware import SessionMiddleware as _Session
+from django.core.handlers.asgi import ASGIHandler as _ASGIHandler
 from django.middleware.clickjacking import XFrameOptionsMiddleware as _XFrameOptions
 from django.middleware.common import CommonMiddleware as _Common
 from django.middleware.csrf import CsrfViewMiddleware as _Csrf
 from django.middleware.security import SecurityMiddleware as _Security
-from django.utils.deprecation import MiddlewareMixin
+
+from webapp.config.on_the_loop import OnTheLoop, run_hook
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-
-
-async def _run(method, in_thread: bool, *args):
-    if in_thread:
-        return await sync_to_async(method, thread_sensitive=True)(*args)
-    return method(*args)
-
-
-class OnTheLoop(MiddlewareMixin):
-    """``MiddlewareMixin`` whose hooks run on the event loop unless ``request_in_thread`` or
-    ``response_in_thread`` says the stock method would block (then in the request's thread, as
-    Django does)."""
-
-    def request_in_thread(self, request) -> bool:
-        return False
-
-    def response_in_thread(self, request, response) -> bool:
-        return False
-
-    async def __acall__(self, request):
-        response = None
-        if hasattr(self, "process_request"):
-            response = await _run(self.process_request, self.request_in_thread(request), request)
-        response = response or await self.get_response(request)
-        if hasattr(self, "process_response"):
-            response = await _run(self.process_response, self.response_in_thread(request, response),
-                                  request, response)
-        return response
 
 
 class SecurityMiddleware(OnTheLoop, _Security):
@@ -118,5 +94,29 @@ class CsrfViewMiddleware(OnTheLoop, _Csrf):
     async def _process_view_on_loop(self, request, callback, callback_args, callback_kwargs):
         in_thread = not (request.method in SAFE_METHODS or getattr(callback, "csrf_exempt", False)
                          or getattr(request, "csrf_processing_done", False))
-        return await _run(super().process_view, in_thread or settings.CSRF_USE_SESSIONS,
+        return await run_hook(super().process_view, in_thread or settings.CSRF_USE_SESSIONS,
                           request, callback, callback_args, callback_kwargs)
+
+
+ON_THE_LOOP = {
+    "django.middleware.security.SecurityMiddleware": f"{__name__}.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware": f"{__name__}.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware": f"{__name__}.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware": f"{__name__}.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware": f"{__name__}.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware": f"{__name__}.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": f"{__name__}.XFrameOptionsMiddleware",
+}
+
+
+class ASGIHandler(_ASGIHandler):
+    """Django's ASGI handler with ``settings.MIDDLEWARE``'s stock classes replaced by their
+    subclasses above as the chain is built (once, when the ASGI module is imported)."""
+
+    def load_middleware(self, is_async=False):
+        named = settings.MIDDLEWARE
+        settings.MIDDLEWARE = [ON_THE_LOOP.get(path, path) for path in named]
+        try:
+            super().load_middleware(is_async=is_async)
+        finally:
+            settings.MIDDLEWARE = named

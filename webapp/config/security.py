@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from django.core.exceptions import DisallowedHost
 
-from webapp.config.middleware import OnTheLoop
+from webapp.config.on_the_loop import OnTheLoop
 
 HEADER = "Content-Security-Policy"
 

@@ -46,19 +46,20 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Django's own are run on the event loop under ASGI (webapp/config/middleware.py: no thread
-    # hop for each hook of each request).
+    # Django's own by their dotted paths (its deploy checks look for these); under ASGI the handler
+    # loads their event-loop subclasses in their place (webapp/config/middleware.py: no thread hop
+    # for each hook of each request).
     # First, so that its headers (nosniff, Referrer-Policy, COOP) and the CSP reach static files too.
-    "webapp.config.middleware.SecurityMiddleware",
+    "django.middleware.security.SecurityMiddleware",
     "webapp.config.security.ContentSecurityPolicyMiddleware",
     "webapp.config.static_files.StaticFilesMiddleware",
-    "webapp.config.middleware.SessionMiddleware",
-    "webapp.config.middleware.CommonMiddleware",
-    "webapp.config.middleware.CsrfViewMiddleware",
-    "webapp.config.middleware.AuthenticationMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
     "webapp.audit.context.AuditContextMiddleware",  # who makes the changes of this request, from where
-    "webapp.config.middleware.MessageMiddleware",
-    "webapp.config.middleware.XFrameOptionsMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.config.urls"
