@@ -59,6 +59,7 @@ class Stream:
     first: float
     last: float
     tokens: int
+    phases: dict[str, float]  # the server's Server-Timing (ms): where B's time went before its response began
 
     @property
     def ttft(self) -> float:
@@ -70,7 +71,7 @@ async def stream(http: httpx.AsyncClient, url: str, key: str, prompt: str, max_t
             "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     read = await read_events(http, url, body, {"Authorization": f"Bearer {key}"})
-    return Stream(read.request_id, sent, read.first, read.last, read.output_tokens)
+    return Stream(read.request_id, sent, read.first, read.last, read.output_tokens, read.server_timing)
 
 
 async def probes(http, url: str, key: str, count: int, max_tokens: int, failures: list[str],
@@ -223,6 +224,7 @@ async def measure(args, url: str, keys: dict[str, str], db: Path) -> dict:
         "idle": [s.ttft for s in idle[main]], "loaded": [s.ttft for s in loaded[main]],
         "idle_same": [s.ttft for s in idle.get("same", [])] if main != "same" else [],
         "loaded_same": [s.ttft for s in loaded.get("same", [])] if main != "same" else [],
+        "phases_idle": [s.phases for s in idle[main]], "phases_loaded": [s.phases for s in loaded[main]],
         "engine_idle": engine_ttfts(db, [s.request_id for s in idle[main]]),
         "engine_loaded": engine_ttfts(db, [s.request_id for s in loaded[main]]),
         "client_lag": lags,
@@ -246,6 +248,14 @@ def run_mode(args, mode: str, root: Path, env: dict, keys: dict[str, str]) -> di
                                           "webapp.config.asgi:application"], extra)
         services.wait_ready(url)
         return asyncio.run(measure(args, url, keys, root / "db.sqlite3"))
+
+
+PHASES = ("django", "key", "admit", "prepare", "engine")  # webapp/openai_api/timing.py
+
+
+def phase_ms(phases: list[dict[str, float]], name: str) -> str:
+    values = [p[name] for p in phases if name in p]
+    return f"{percentile(values, 50):8.1f}" if values else "       -"
 
 
 def ms(values: list[float], q: float) -> str:
@@ -311,6 +321,9 @@ def main() -> int:
         ("  ratio (target >= 0.9)", lambda r: f"{r['shared_tok_s'] / r['alone_tok_s']:17.2f}"),
         ("flood client's loop lag p50 / p95", lambda r: f"{ms(r['client_lag'], 50)} /{ms(r['client_lag'], 95)}"),
     ]
+    for phase in PHASES:  # the server's own account of B's requests (Server-Timing), before its first token
+        rows.append((f"B {phase} p50 idle / flooded (ms)",
+                     lambda r, p=phase: f"{phase_ms(r['phases_idle'], p)} /{phase_ms(r['phases_loaded'], p)}"))
     if args.probe_client == "both":
         rows += [
             ("B in the flood's loop: idle p50", lambda r: f"{ms(r['idle_same'], 50):>17}"),

@@ -25,7 +25,7 @@ import pathlib
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -56,6 +56,19 @@ class Events:
     last: float | None = None
     output_tokens: int = 0  # the usage chunk's count, else one per content event
     request_id: str = ""
+    server_timing: dict[str, float] = field(default_factory=dict)  # Pagoda's phases, ms (its Server-Timing)
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``key;dur=2.9, admit;dur=0.3`` -> {"key": 2.9, "admit": 0.3} (entries without a duration skipped)."""
+    phases = {}
+    for entry in header.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            field_name, _, value = param.strip().partition("=")
+            if name and field_name == "dur":
+                phases[name] = float(value)
+    return phases
 
 
 async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None,
@@ -67,6 +80,7 @@ async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: di
     async with http.stream("POST", f"{url}{path}", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
+        read.server_timing = server_timing(response.headers.get("server-timing", ""))
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

@@ -54,6 +54,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from webapp.openai_api.errors import OpenAIError
+from webapp.openai_api.timing import ARRIVED
 from workers.protocol import SERVER_OVERLOADED
 from workers.transport import RETRY_AFTER_S, is_serving
 
@@ -120,6 +121,7 @@ class InFlightGate:
             return await self._refuse(send, endpoint, capacity)
         self.in_flight += 1
         self.held[caller] = held + 1
+        scope[ARRIVED] = time.monotonic()  # the request's Server-Timing starts here (openai_api/timing.py)
         try:
             return await self.app(scope, receive, send)
         finally:  # returned, raised, or cancelled (the client left, the server stops)

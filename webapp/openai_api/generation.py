@@ -31,6 +31,7 @@ from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.events import ChunkEvents
 from webapp.openai_api.prompts import generation_abort, generation_chunks
 from webapp.openai_api.services import Generation, generation_finish, generation_prepare
+from webapp.openai_api.timing import phase_mark
 from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
 from workers.protocol import Chunk
@@ -50,6 +51,7 @@ async def generation_respond(*, request_id: str, dialect: Dialect, api_key: ApiK
     """Run an admitted request whose body the dialect validated; OpenAIError if it is refused
     before reaching a worker (unknown model, template refusal), a response otherwise."""
     gen = await sync_to_async(_prepare)(dialect, request_id, api_key, values, started)
+    phase_mark("prepare")
     outcome = Outcome()
     get_checkpoints().watch(request_id, outcome, started)  # until _finish
     chunks = generation_chunks(gen)  # a list of prompts: its prompts' engine requests merged

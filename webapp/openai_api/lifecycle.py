@@ -28,6 +28,7 @@ from webapp.openai_api.body import body_parse
 from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.generation import generation_respond
 from webapp.openai_api.services import generation_admit, new_request_id, request_refused_record
+from webapp.openai_api.timing import phases_begin
 from webapp.usage.group_commit import usage_record_save
 
 
@@ -48,20 +49,27 @@ async def completion_create(*, request: HttpRequest, dialect: Dialect, request_i
     in the API's shape. ``request_id``: one named beforehand (a background response's)."""
     endpoint = dialect.endpoint
     started, request_id = time.monotonic(), request_id or new_request_id(endpoint)
+    phases = phases_begin(request, started)
     try:
         api_key = await sync_to_async(dialect.key)(request)
     except errors.OpenAIError as exc:
         return dialect.error_response(exc)
+    phases.mark("key")
     call = _Call(request_id=request_id, endpoint=endpoint, api_key=api_key, started=started)
     track(request_id, asyncio.current_task(), cut=lambda: _account(call, None))
 
     async def admitted() -> HttpResponse:
         await _admit(call, request)
+        phases.mark("admit")
         respond = dialect.respond or generation_respond
         return await respond(request_id=request_id, dialect=dialect, api_key=api_key,
                              values=dialect.validate(call.body), started=started)
 
-    return await _answered(call, dialect, admitted())
+    response = await _answered(call, dialect, admitted())
+    if "prepare" in phases.names():  # it reached the engine: until the response began
+        phases.mark("engine")
+    response["Server-Timing"] = phases.header()  # a stream's headers are not sent yet
+    return response
 
 
 async def completion_continue(*, request_id: str, dialect: Dialect, api_key: ApiKey, values: dict,
