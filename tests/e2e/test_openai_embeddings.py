@@ -163,3 +163,10 @@ def test_key_scopes_and_token_limits_apply_to_embeddings(site):
     error = response.json()["error"]
     assert (error["type"], error["code"]) == ("rate_limit_exceeded", "rate_limit_exceeded")
     assert "44 tokens" in error["message"]  # the inputs' tokens, reserved before they run
+
+
+def test_an_embeddings_answer_says_where_its_time_went(site):
+    raw = client(site).embeddings.with_raw_response.create(model="minilm", input=SENTENCES[:2])
+    assert len(raw.parse().data) == 2
+    names = [entry.split(";")[0].strip() for entry in raw.headers["server-timing"].split(",")]
+    assert names == ["django", "key", "admit", "prepare", "engine"]  # through the gate, then each phase

@@ -36,6 +36,7 @@ from webapp.openai_api import errors
 from webapp.openai_api.dialect import Dialect
 from webapp.openai_api.generation import _cut, _finish
 from webapp.openai_api.services import EMBEDDINGS, model_served
+from webapp.openai_api.timing import phase_mark
 from webapp.registry.models import Model, ModelVersion
 from webapp.usage.checkpoints import get_checkpoints
 from webapp.usage.outcome import Outcome
@@ -132,6 +133,7 @@ async def embedding_respond(*, request_id: str, dialect: Dialect, api_key: ApiKe
     """Run an admitted embeddings request (its Dialect's ``respond``, called by lifecycle.completion_create)."""
     emb = await sync_to_async(embedding_prepare)(request_id=request_id, api_key=api_key, values=values,
                                                  started=started)
+    phase_mark("prepare")  # Server-Timing: then the engine until the answer
     outcome, vectors = Outcome(), None
     get_checkpoints().watch(request_id, outcome, started)  # until _finish
     chunks = get_engine_client(settings.REDIS_URL).generate(emb.engine_request())
