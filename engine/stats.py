@@ -24,9 +24,12 @@ class EngineStats:
     num_spec_drafts: int = 0
     num_spec_draft_tokens: int = 0
     num_spec_accepted_tokens: int = 0
+    # steps paused between layers for a newcomer's own step (LLMEngine.step), all time
+    num_paused_steps: int = 0
 
 
-def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_generation_tokens: int) -> EngineStats:
+def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_generation_tokens: int,
+                 num_paused_steps: int = 0) -> EngineStats:
     return EngineStats(
         num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
         num_blocks=block_manager.num_blocks, num_free_blocks=block_manager.num_free_blocks,
@@ -39,4 +42,5 @@ def engine_stats(scheduler, block_manager, *, num_prompt_tokens: int, num_genera
         num_lora_loads=slots.num_loads if slots else 0,
         num_spec_drafts=spec.num_drafts if (spec := scheduler.speculator) else 0,
         num_spec_draft_tokens=spec.num_draft_tokens if spec else 0,
-        num_spec_accepted_tokens=spec.num_accepted_tokens if spec else 0)
+        num_spec_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+        num_paused_steps=num_paused_steps)

@@ -10,7 +10,8 @@
   ``num_generation_tokens``, ``num_lora_loads``, ``num_requests`` (claimed), ``num_requests_finished``
   (``{"stop", "length", "abort", "error"}`` -> count), and speculative decoding's
   ``num_spec_drafts`` (a sequence's draft verified in a step), ``num_spec_draft_tokens`` and
-  ``num_spec_accepted_tokens``;
+  ``num_spec_accepted_tokens``, and ``num_paused_steps`` (steps paused between layers for another
+  tenant's newcomer);
 - ``tokens_per_s``: generated tokens per second over the last ``RATE_WINDOW_S``;
 - ``latency``: ``{"time_to_first_token" | "time_per_output_token" | "e2e_latency": histogram}``
   where a histogram is ``{"buckets": [upper bounds, s], "counts": [cumulative, one per bucket],
@@ -118,6 +119,7 @@ class WorkerMetrics:
             "num_spec_drafts": engine_stats.num_spec_drafts,
             "num_spec_draft_tokens": engine_stats.num_spec_draft_tokens,
             "num_spec_accepted_tokens": engine_stats.num_spec_accepted_tokens,
+            "num_paused_steps": engine_stats.num_paused_steps,
             "tokens_per_s": self.tokens_per_s(engine_stats.num_generation_tokens, now),
             "num_requests": self.num_requests,
             "num_requests_finished": dict(self.num_finished),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable, Generator
 
 import torch
 
@@ -33,6 +34,7 @@ from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.attention_metadata import AttentionMetadata
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from engine.kept_buffer import KeptBuffer
+from engine.runtime.parts import run_to_end
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 from engine.quantization.int8 import Int8WeightOnlyLinear
@@ -40,6 +42,8 @@ from engine.quantization.int8 import Int8WeightOnlyLinear
 logger = logging.getLogger(__name__)
 
 ENV = "PAGODA_FUSED_DECODE"
+PAUSABLE_ROWS = 8  # a step of fewer rows is short (~4-10 ms on 2 cores): it runs whole
+PARTS = 6  # a step of more runs in this many parts of its layers, a pause possible between them
 KEPT_ROWS = 256  # steps of at most this many rows reuse one work area (decodes, short prompts)
 ACTIVATIONS = {SiluAndMul: 0, GeluAndMul: 1}  # pg_shape.gelu
 
@@ -92,6 +96,7 @@ class FusedDecode:
             gelu=ACTIVATIONS[type(first.mlp.act)])
         self.embed = inner.embed  # the token embeddings as the model's forward takes them
         self._work = KeptBuffer(torch.float32)  # the step's work areas, for decode-sized steps
+        self._paused_work = KeptBuffer(torch.float32)  # a step run in parts (``parts``) keeps its own
         self._scratch = KeptBuffer(torch.uint8)
 
     def attention_arithmetic(self) -> str:
@@ -208,6 +213,17 @@ class FusedDecode:
         Writes each row's K/V into the pool, as the torch path does. A model whose sliding-window
         layers keep a pool of their own (``meta.window``): those layers' slots for the same rows in
         ``window_slots``, their tables in ``meta.window`` (the same width as ``meta``'s)."""
+        return run_to_end(self.parts(input_ids, positions, slots, meta, window_slots))
+
+    def parts(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+              meta: AttentionMetadata, window_slots: torch.Tensor | None = None,
+              pause: Callable[[], bool] | None = None) -> Generator[None, None, torch.Tensor]:
+        """``run`` as a generator that may stop between layers: a step of PAUSABLE_ROWS rows or
+        more runs in PARTS parts, and before each part after the first ``pause()`` is asked; True
+        yields there (the engine runs a newcomer's short step, then resumes this one with next()).
+        It returns run's result, the same bits (decode_step.c's pagoda_decode_layers). Only one
+        step may be part-way at a time: it keeps its work area apart, and any number of whole
+        steps may run while it waits."""
         b = input_ids.shape[0]
         if int(positions.max()) >= self.max_position:  # C reads the tables unchecked
             raise ValueError(f"position beyond the model's {self.max_position} rotary positions")
@@ -220,18 +236,28 @@ class FusedDecode:
                 raise ValueError("the window layers' slots and tables are missing or of another shape")
         else:
             window_slots = slots
-        shape = self.shape
+        shape = decode_step.Shape.from_buffer_copy(self.shape)  # this step's own: another may run meanwhile
         shape.table_width = tables.shape[1]
         shape.num_threads = torch.get_num_threads()
         lib = self.lib
-        work = self._buffer(self._work, lib.pagoda_decode_work_floats(ctypes.byref(shape), b), b)
+        n = len(self.layers)
+        bounds = [0, n]
+        if pause is not None and b >= PAUSABLE_ROWS:
+            bounds = sorted({n * i // PARTS for i in range(PARTS + 1)})
+        kept = self._work if len(bounds) == 2 else self._paused_work
+        work = self._buffer(kept, lib.pagoda_decode_work_floats(ctypes.byref(shape), b), b)
         scratch = self._buffer(self._scratch, lib.pagoda_decode_scratch_bytes(ctypes.byref(shape), b), b)
         out = torch.empty(b, shape.hidden, dtype=self.dtype)
-        lib.pagoda_decode_step(
-            self.layers, len(self.layers), self.final_norm, ctypes.byref(shape), b,
-            x.data_ptr(), int(x.dtype is torch.bfloat16), positions.data_ptr(), slots.data_ptr(),
-            tables.data_ptr(), window_slots.data_ptr(), window_tables.data_ptr(), ctx.data_ptr(),
-            out.data_ptr(), int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr())
+        for first, last in zip(bounds, bounds[1:]):
+            if first and pause():
+                yield
+                # (the steps run meanwhile used the scratch too: it holds nothing from one product to the next)
+            lib.pagoda_decode_layers(
+                self.layers, n, self.final_norm, ctypes.byref(shape), b,
+                x.data_ptr(), int(x.dtype is torch.bfloat16), positions.data_ptr(), slots.data_ptr(),
+                tables.data_ptr(), window_slots.data_ptr(), window_tables.data_ptr(), ctx.data_ptr(),
+                out.data_ptr(), int(self.dtype is torch.bfloat16), work.data_ptr(), scratch.data_ptr(),
+                first, last)
         return out
 
     @staticmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +13,7 @@ from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_
                            resolve_quantization, resolve_use_triton)
 from engine.kept_buffer import KeptBuffer
 from engine.runtime.cuda_graphs import CudaGraphRunner
+from engine.runtime.parts import run_to_end
 from engine.runtime.device import default_dtype, resolve_device, resolve_dtype
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
@@ -298,21 +299,29 @@ class ModelRunner:
         self.seeds.pop(request_id, None)
         self.generators.pop(request_id, None)
 
-    @torch.inference_mode()
     def execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
-        """One step. Where the fused CPU decode step runs, LoRA rows beside base decodes make two
-        forwards (the base decodes fused, the rest on the torch path): a base request's tokens never
-        depend on whether adapters share its step."""
+        """One step, whole."""
+        return run_to_end(self.parts(entries))
+
+    @torch.inference_mode()
+    def parts(self, entries: list[ScheduledSequence], pause: Callable[[], bool] | None = None
+              ) -> Generator[None, None, list[SampledToken]]:
+        """One step as a generator (engine/runtime/parts.py): where every row runs the fused CPU
+        step, it may yield between layers when ``pause()`` says so; it returns the sampled tokens.
+        Where the fused CPU decode step runs, LoRA rows beside base decodes make two forwards (the
+        base decodes fused, the rest on the torch path): a base request's tokens never depend on
+        whether adapters share its step; such a step runs whole."""
         if self.fused_decode is not None and any(e.seq.adapter is not None for e in entries):
             fusable = [e.seq.adapter is None and (e.num_new_tokens == 1 or self.batch_invariant)
                        for e in entries]
             rows = sum(e.num_new_tokens for e, f in zip(entries, fusable) if f)
             if 0 < sum(fusable) < len(entries) and self.fused_decode.takes(rows):
-                return (self._execute([e for e, f in zip(entries, fusable) if not f])
-                        + self._execute([e for e, f in zip(entries, fusable) if f]))
-        return self._execute(entries)
+                return (run_to_end(self._parts([e for e, f in zip(entries, fusable) if not f]))
+                        + run_to_end(self._parts([e for e, f in zip(entries, fusable) if f])))
+        return (yield from self._parts(entries, pause))
 
-    def _execute(self, entries: list[ScheduledSequence]) -> list[SampledToken]:
+    def _parts(self, entries: list[ScheduledSequence], pause: Callable[[], bool] | None = None
+               ) -> Generator[None, None, list[SampledToken]]:
         num_adapter_rows = sum(e.num_new_tokens for e in entries if e.seq.adapter is not None)
         every_row = self.batch_invariant and not num_adapter_rows
         fused = self.fused_decode is not None and self.fused_decode.takes(
@@ -333,7 +342,7 @@ class ModelRunner:
             if not num_adapter_rows and self.cuda_graphs is not None and self.cuda_graphs.can_run(batch.meta):
                 hidden = self.cuda_graphs.run(batch.input_ids, batch.positions, batch.meta)
             elif fused:
-                hidden = self._forward_fused(batch, every_row)
+                hidden = yield from self._forward_fused(batch, every_row, pause)
             else:
                 hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
             if not batch.sampling:
@@ -350,14 +359,16 @@ class ModelRunner:
         token_ids, logprobs = self._to_host(batch.sampling, out)
         return _per_sequence(batch.sampling, token_ids, logprobs)
 
-    def _forward_fused(self, batch, every_row: bool) -> torch.Tensor:
-        """Every row fused (batch-invariant), or prefill rows through the model and the decode
-        rows (the flat batch's last) fused."""
+    def _forward_fused(self, batch, every_row: bool, pause: Callable[[], bool] | None
+                       ) -> Generator[None, None, torch.Tensor]:
+        """Every row fused (batch-invariant; it may pause between layers), or prefill rows through
+        the model and the decode rows (the flat batch's last) fused, whole."""
         n, meta = batch.meta.num_prefill_tokens, batch.meta
         ids, positions = batch.input_ids, batch.positions
         window_slots = None if meta.window is None else meta.window.slot_mapping
         if every_row:
-            return self.fused_decode.run(ids, positions, meta.slot_mapping, meta, window_slots)
+            return (yield from self.fused_decode.parts(ids, positions, meta.slot_mapping, meta,
+                                                       window_slots, pause))
         decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta,
                                         None if window_slots is None else window_slots[n:])
         if n == 0:

@@ -150,6 +150,22 @@ class Scheduler:
         step.out.scheduled = list(step.entries.values())
         return step.out
 
+    def has_newcomers(self) -> bool:
+        """Whether a tenant waits that schedule() would give a step of its own now."""
+        return bool(self.fair.newcomers(self.waiting, self.running, self.policy))
+
+    def schedule_newcomers(self, paused: SchedulerOutput) -> SchedulerOutput:
+        """The newcomers' own step, as schedule() would give it, while ``paused``'s step is
+        part-way (the engine paused it between layers for them): none of its sequences is evicted
+        for a seat or blocks, since their K/V are being written; others may be, as in schedule()."""
+        self.num_steps += 1
+        step = _Step(SchedulerOutput(), self.max_num_batched_tokens)
+        newcomers = self.fair.newcomers(self.waiting, self.running, self.policy)
+        if newcomers:
+            self._admit_waiting(step, only=newcomers, keep={id(e.seq) for e in paused.scheduled})
+        step.out.scheduled = list(step.entries.values())
+        return step.out
+
     def _schedule_running(self, step: _Step) -> None:
         """Running sequences: decodes first (at most max_num_decodes of them, those fed longest
         ago first: a round robin), then prompts still being prefilled in chunks. A decode may
@@ -200,9 +216,12 @@ class Scheduler:
         num_decodes = next((i for i, s in enumerate(ordered) if s.num_uncomputed_tokens > 1), len(ordered))
         return heapq.nsmallest(cap, ordered[:num_decodes], key=lambda s: s.fed_at) + ordered[num_decodes:]
 
-    def _admit_waiting(self, step: _Step, only: set[str] | None = None) -> None:
+    def _admit_waiting(self, step: _Step, only: set[str] | None = None, keep: set[int] = frozenset()) -> None:
         """Waiting sequences in fair order, none of a tenant the pool just had to preempt (with
-        ``only``: those of these tenants alone)."""
+        ``only``: those of these tenants alone); no running sequence in ``keep`` (ids) is evicted."""
+        def evictable() -> list[Sequence]:
+            return [s for s in self.running if id(s) not in keep] if keep else self.running
+
         bs = self.block_manager.block_size
         in_flight: set[int] = set()  # hashes of prompt blocks this step computes
         compiling: Sequence | None = None
@@ -214,7 +233,7 @@ class Scheduler:
             tid = self.fair.tenant_id(seq)
             seat = None  # the running sequence whose seat it takes when the batch is full
             if len(self.running) >= self.max_num_seqs:
-                seat = self.fair.seat_victim(seq, self.running, self.policy)
+                seat = self.fair.seat_victim(seq, evictable(), self.policy)
                 if seat is None:
                     queue.drop(tid)
                     continue
@@ -244,7 +263,7 @@ class Scheduler:
                 self._evict(step, seat)
                 queue.drop(self.fair.tenant_id(seat))
             while not self._allocate(seq, num_new, computed):
-                victim = self.fair.block_victim(seq, num_blocks, self.running, self.policy)
+                victim = self.fair.block_victim(seq, num_blocks, evictable(), self.policy)
                 if victim is None:
                     break
                 self._evict(step, victim)

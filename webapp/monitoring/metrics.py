@@ -62,6 +62,7 @@ COUNTERS = {
     "num_spec_drafts": ("spec_decode_num_drafts", "Speculative drafts verified (one per sequence and step that drafted)."),
     "num_spec_draft_tokens": ("spec_decode_num_draft_tokens", "Speculative draft tokens proposed."),
     "num_spec_accepted_tokens": ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."),
+    "num_paused_steps": ("num_paused_steps", "Engine steps paused between layers for another tenant's newcomer."),
 }
 HISTOGRAMS = {
     "time_to_first_token": ("time_to_first_token_seconds", "Time from request creation to its first token."),

@@ -107,6 +107,24 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                         const int64_t *window_slots, const int32_t *window_tables,
                         const int32_t *ctx, void *out, int64_t out_bf16,
                         float *work, uint8_t *scratch) {
+    pagoda_decode_layers(layers, num_layers, final_norm, s, B, x, x_bf16, positions, slots, tables,
+                         window_slots, window_tables, ctx, out, out_bf16, work, scratch, 0, num_layers);
+}
+
+/* The same step, layers first..last-1 only: a step run in parts, so that the caller can run
+   something else between them (the engine: a newcomer's short step, engine/models/fused_decode.py).
+   What carries from one part to the next is in ``work``: the residual stream and the last layer's
+   MLP output (res and tmp below), so the parts must share it, unchanged in between, and the same
+   B and rows; x is read when first is 0, out written when last is num_layers. The arithmetic is
+   the whole step's, so the parts give its bits. */
+void pagoda_decode_layers(const pg_layer *layers, int64_t num_layers, const float *final_norm,
+                          const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
+                          const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                          const int64_t *window_slots, const int32_t *window_tables,
+                          const int32_t *ctx, void *out, int64_t out_bf16,
+                          float *work, uint8_t *scratch, int64_t first, int64_t last) {
+    if (first < 0) first = 0;
+    if (last > num_layers) last = num_layers;
     const int64_t hid = s->hidden, H = s->heads, KVH = s->kv_heads, D = s->head_dim, I = s->inter;
     const int64_t qkv_n = (H + 2 * KVH) * D, group = H / KVH, esize = s->kv_bf16 ? 2 : 4;
     float *res = work, *h = res + B * hid, *tmp = h + B * hid, *qkv = tmp + B * hid;
@@ -135,11 +153,12 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
         groups[ngroups] = B;
         if (ngroups == B) free(groups), groups = NULL; /* decodes only: the items below */
     }
-    for (int64_t i = 0; i < B * hid; i++)
-        res[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    if (first == 0)
+        for (int64_t i = 0; i < B * hid; i++)
+            res[i] = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 #pragma omp parallel num_threads(s->num_threads > 0 ? (int)s->num_threads : 1)
     {
-        for (int64_t l = 0; l < num_layers; l++) {
+        for (int64_t l = first; l < last; l++) {
             const pg_layer *L = &layers[l], *prev = l > 0 ? &layers[l - 1] : NULL;
             const int64_t *sl = L->window > 0 ? window_slots : slots;
             const int32_t *tb = L->window > 0 ? window_tables : tables;
@@ -218,14 +237,16 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
             product(&L->down, act, B, I, tmp, scratch);
 #pragma omp barrier
         }
+        if (last == num_layers) {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < B; b++) {
-            float *y = h + b * hid;
-            mlp_out(num_layers > 0 ? &layers[num_layers - 1] : NULL, tmp + b * hid, hid, s->eps);
-            add_norm(res + b * hid, num_layers > 0 ? tmp + b * hid : NULL, final_norm, hid, s->eps, y);
-            for (int64_t i = 0; i < hid; i++) {
-                if (out_bf16) ((uint16_t *)out)[b * hid + i] = f32_to_bf16(y[i]);
-                else ((float *)out)[b * hid + i] = y[i];
+            for (int64_t b = 0; b < B; b++) {
+                float *y = h + b * hid;
+                mlp_out(num_layers > 0 ? &layers[num_layers - 1] : NULL, tmp + b * hid, hid, s->eps);
+                add_norm(res + b * hid, num_layers > 0 ? tmp + b * hid : NULL, final_norm, hid, s->eps, y);
+                for (int64_t i = 0; i < hid; i++) {
+                    if (out_bf16) ((uint16_t *)out)[b * hid + i] = f32_to_bf16(y[i]);
+                    else ((float *)out)[b * hid + i] = y[i];
+                }
             }
         }
     }
@@ -243,4 +264,10 @@ void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, const float 
                         const int64_t *window_slots, const int32_t *window_tables,
                         const int32_t *ctx, void *out, int64_t out_bf16,
                         float *work, uint8_t *scratch) {}
+void pagoda_decode_layers(const pg_layer *layers, int64_t num_layers, const float *final_norm,
+                          const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
+                          const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                          const int64_t *window_slots, const int32_t *window_tables,
+                          const int32_t *ctx, void *out, int64_t out_bf16,
+                          float *work, uint8_t *scratch, int64_t first, int64_t last) {}
 #endif

@@ -55,6 +55,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "pagoda_decode_scratch_bytes": ([_ref(Shape), _i64], _i64),
     "pagoda_decode_step": ([_ref(Layer), _i64, _p, _ref(Shape), _i64, _p, _i64, _p, _p, _p, _p, _p, _p,
                             _p, _i64, _p, _p], None),
+    "pagoda_decode_layers": ([_ref(Layer), _i64, _p, _ref(Shape), _i64, _p, _i64, _p, _p, _p, _p, _p, _p,
+                              _p, _i64, _p, _p, _i64, _i64], None),
 }
 
 

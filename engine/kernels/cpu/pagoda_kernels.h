@@ -76,6 +76,12 @@ PAGODA_API void pagoda_decode_step(const pg_layer *layers, int64_t num_layers, c
                                    const int64_t *window_slots, const int32_t *window_tables,
                                    const int32_t *ctx, void *out, int64_t out_bf16,
                                    float *work, uint8_t *scratch);
+PAGODA_API void pagoda_decode_layers(const pg_layer *layers, int64_t num_layers, const float *final_norm,
+                                     const pg_shape *s, int64_t B, const void *x, int64_t x_bf16,
+                                     const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                                     const int64_t *window_slots, const int32_t *window_tables,
+                                     const int32_t *ctx, void *out, int64_t out_bf16,
+                                     float *work, uint8_t *scratch, int64_t first, int64_t last);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PG_NATIVE 1

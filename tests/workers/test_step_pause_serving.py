@@ -1,0 +1,64 @@
+"""Through an embedded worker (the tiny random Llama on the fused CPU step): the worker looks at its
+queue between the layers of a long step, and another tenant's request that arrived meanwhile runs
+before the step ends (LLMEngine.step, EngineWorker._take_arrivals); the worker counts those pauses
+in its stats, and every stream still ends whole."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from engine.kernels.cpu import decode_step
+from workers import embedded, engine_worker
+from workers.memory_transport import MemoryEngineClient, default_broker
+from workers.protocol import GenerateRequest
+
+MODEL = "tiny-pause"
+FLOOD = 12  # rows in the flood's steps: above fused_decode.PAUSABLE_ROWS
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(decode_step.library() is None, reason="no C compiler or no AVX2/FMA/F16C here")]
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama_dir, tiny_settings):
+    settings = {**tiny_settings, "max_num_seqs": 32, "quantization": "int4"}
+    embedded.start_embedded_worker(MODEL, "v1", str(tiny_llama_dir), settings)
+    assert embedded.wait_for_embedded_worker(MODEL, timeout=60)
+    yield MemoryEngineClient(default_broker())
+    embedded.stop_embedded_worker(MODEL, drain_timeout=5)
+
+
+async def tokens(client, tenant: str, max_tokens: int, seen: asyncio.Event | None = None) -> int:
+    req = GenerateRequest(f"{tenant}-{uuid.uuid4().hex}", MODEL, [5, 6, 7, 8],
+                          {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}, tenant=tenant)
+    n = 0
+    async for chunk in client.generate(req):
+        assert chunk.error is None, chunk.error
+        n += len(chunk.token_ids)
+        if seen is not None:
+            seen.set()
+    return n
+
+
+@pytest.mark.asyncio
+async def test_another_tenants_request_runs_part_way_through_the_floods_step(client, monkeypatch):
+    monkeypatch.setattr(engine_worker, "ARRIVALS_POLL_S", 0.0)  # every part looks: the tiny steps are short
+    streaming = asyncio.Event()
+    flood = [asyncio.create_task(tokens(client, "user:a", 200, streaming)) for _ in range(FLOOD)]
+    await asyncio.wait_for(streaming.wait(), 30)
+    paused = 0
+    for i in range(60):  # each from a tenant of its own, so each is a newcomer
+        assert await tokens(client, f"user:b{i}", 2) == 2
+        paused = client.live_workers(MODEL)[0].stats.get("num_paused_steps", 0)
+        if paused or all(t.done() for t in flood):
+            break
+    assert await asyncio.gather(*flood) == [200] * FLOOD
+    for _ in range(50):  # the heartbeat's stats lag the engine by up to a beat
+        paused = client.live_workers(MODEL)[0].stats.get("num_paused_steps", 0)
+        if paused:
+            break
+        await asyncio.sleep(0.1)
+    assert paused >= 1
