@@ -62,8 +62,6 @@ HEALTH_PROBE_INTERVAL_S = 5.0  # an unhealthy engine is probed (check_health) th
 # With fair share, requests in flight per sequence the engine can run: a backlog as large as the
 # batch waits in the engine, ordered by tenant, before any waits in the shared FIFO queue.
 CLAIM_AHEAD_PER_SEQ = 2
-# While a long step runs, the queue is looked at this often for a newcomer to run first (_take_arrivals)
-ARRIVALS_POLL_S = 0.004
 
 
 def freeze_heap(worker_id: str) -> None:
@@ -104,7 +102,6 @@ class EngineWorker:
         self._inflight: dict[str, InFlight] = {}
         self._outbox: list[tuple[str, Reply]] = []
         self._recent_aborts: dict[str, float] = {}  # request_id -> monotonic time heard
-        self._last_take = 0.0  # monotonic time the transport was last asked for requests
         self._stats: dict = {}
         self._stats_at = 0.0
         self._last_tick = time.monotonic()
@@ -238,7 +235,6 @@ class EngineWorker:
                 # Replies out and new requests in, in one round trip; only an idle engine waits.
                 outbox, self._outbox = self._outbox, []
                 wait_s = IDLE_POLL_S if idle and room > 0 else 0.0
-                self._last_take = now
                 try:
                     self._admit(self.transport.exchange(outbox, room, wait_s))
                 except TransportUnreachable as exc:
@@ -253,15 +249,15 @@ class EngineWorker:
     def _take_arrivals(self) -> None:
         """Called by the engine between parts of a long step (LLMEngine.step): the requests that
         have arrived meanwhile join the engine now, so that another tenant's newcomer can run
-        before the step's end. At most one look every ARRIVALS_POLL_S (a round trip to Redis);
-        replies wait for the loop's exchange."""
+        before the step's end. Only when the transport knows of some without a round trip
+        (``arrived``: Redis publishes each submission); replies wait for the loop's exchange."""
         now = time.monotonic()
         room = self._room()
-        if room <= 0 or now - self._last_take < ARRIVALS_POLL_S or not self._transport_up(now):
+        if room <= 0 or not self._transport_up(now):
             return
-        self._last_take = now
         try:
-            self._admit(self.transport.exchange([], room, 0.0))
+            if self.transport.arrived():
+                self._admit(self.transport.exchange([], room, 0.0))
         except TransportUnreachable as exc:
             self._transport_lost(exc, now)
 

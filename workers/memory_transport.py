@@ -151,6 +151,10 @@ class MemoryBroker:
                 self._claims[req.request_id] = worker_id
             return taken
 
+    def has_queued(self, model: str) -> bool:
+        """Whether requests of ``model`` wait to be taken (a deque's length: no lock needed)."""
+        return bool(self._queues.get(model))
+
     def poll_aborts(self, worker_id: str) -> list[str]:
         with self._lock:
             worker = self._workers.get(worker_id)
@@ -280,6 +284,9 @@ class MemoryWorkerTransport:
 
     def poll_aborts(self) -> list[str]:
         return self.broker.poll_aborts(self.worker_id)
+
+    def arrived(self) -> bool:
+        return self.broker.has_queued(self.model)
 
     def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
                  timeout_s: float) -> list[GenerateRequest]:

@@ -56,10 +56,14 @@ REDIS_OPTIONS = dict(decode_responses=True, socket_connect_timeout=CONNECT_TIMEO
 # Transient: the server is down, restarting or too slow; anything else is a bug and raises.
 OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
-# KEYS[1] the model's stream; ARGV: bound, the entry's JSON. The new entry id, or false if full.
+# KEYS[1] the model's stream; ARGV: bound, the entry's JSON, the model's arrival channel. The new
+# entry id, or false if full. The publish tells a worker in the middle of a step that there is
+# something to read, without a round trip of its own (RedisWorkerTransport.arrived).
 _SUBMIT = """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
+local id = redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
+redis.call('PUBLISH', ARGV[3], '1')
+return id
 """
 # KEYS[1] the stream; ARGV: group, entry id. 1 when withdrawn, 0 when a worker has read it.
 _WITHDRAW = """
@@ -79,6 +83,10 @@ def worker_key(model: str, worker_id: str) -> str:
 
 def abort_channel(model: str) -> str:
     return f"pagoda:abort:{model}"
+
+
+def arrival_channel(model: str) -> str:
+    return f"pagoda:arrival:{model}"
 
 
 def reply_stream(request_id: str) -> str:
@@ -170,7 +178,8 @@ class RedisEngineClient(EngineClient):
 
     async def _submit(self, req: GenerateRequest, max_queued: int) -> _Ticket | None:
         entry_id = await self._redis().submit_script(
-            keys=[request_stream(req.model)], args=[max_queued, json.dumps(req.to_dict())])
+            keys=[request_stream(req.model)],
+            args=[max_queued, json.dumps(req.to_dict()), arrival_channel(req.model)])
         return _Ticket(entry_id) if entry_id else None
 
     async def _withdraw(self, req: GenerateRequest, ticket: _Ticket) -> bool:

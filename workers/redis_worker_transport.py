@@ -15,7 +15,7 @@ import redis
 from workers.protocol import (HEARTBEAT_TTL_S, INVALID_PARAMETER, USAGE_REPORT_TTL_S, Chunk, ErrorInfo,
                               GenerateRequest, ProtocolError, Reply, UsageReport, WorkerInfo)
 from workers.redis_transport import (GROUP, OUTAGE_ERRORS, READ_TIMEOUT_S, REDIS_OPTIONS, REPLY_TTL_S,
-                                     WORKERS_SET, abort_channel, reply_stream, request_stream, usage_key,
+                                     WORKERS_SET, abort_channel, arrival_channel, reply_stream, request_stream, usage_key,
                                      worker_key)
 from workers.transport import TransportUnreachable
 
@@ -61,6 +61,8 @@ class RedisWorkerTransport:
         self._to_ack: list[str] = []  # entries read, acknowledged with the claims they caused
         self._rejects: list[tuple[str, Reply]] = []  # errors for malformed entries, sent next
         self._pubsub = None
+        self._aborts: list[str] = []  # heard while looking for arrivals, for poll_aborts
+        self._arrived = False  # a request was published since the last read of the stream
         self.reconnect()
 
     @_outage_is_unreachable
@@ -72,7 +74,8 @@ class RedisWorkerTransport:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
         self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(abort_channel(self.model))
+        self._pubsub.subscribe(abort_channel(self.model), arrival_channel(self.model))
+        self._arrived = True  # whatever was published while it was down
 
     def _create_group(self) -> None:
         try:
@@ -118,6 +121,8 @@ class RedisWorkerTransport:
         nothing is lost here: the caller sends ``replies`` again, and the acks stay due."""
         replies = self._rejects + list(replies)
         read_now = max_count > 0 and timeout_s <= 0
+        if max_count > 0:
+            self._arrived = False  # read below; a later publish sets it again
         to_ack = self._to_ack
         with self.r.pipeline(transaction=False) as pipe:
             for reply_to, reply in replies:
@@ -204,11 +209,26 @@ class RedisWorkerTransport:
 
     @_outage_is_unreachable
     def poll_aborts(self) -> list[str]:
-        aborted = []
-        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-            if message.get("type") == "message":
-                aborted.append(message["data"])
+        self._listen()
+        aborted, self._aborts = self._aborts, []
         return aborted
+
+    @_outage_is_unreachable
+    def arrived(self) -> bool:
+        """Whether a request was published since the stream was last read: the messages the
+        subscription already received, read off its socket (no round trip)."""
+        self._listen()
+        return self._arrived
+
+    def _listen(self) -> None:
+        arrivals = arrival_channel(self.model)
+        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
+            if message.get("type") != "message":
+                continue
+            if message.get("channel") == arrivals:
+                self._arrived = True
+            else:
+                self._aborts.append(message["data"])
 
     def close(self) -> None:
         try:

@@ -276,6 +276,9 @@ class WorkerTransport(Protocol):
     def heartbeat(self, info: WorkerInfo) -> None: ...
     def unregister(self) -> None: ...
     def poll_aborts(self) -> list[str]: ...
+    def arrived(self) -> bool:
+        """Whether requests may wait to be taken, known without a round trip (called between the
+        parts of a long step). False may only delay a request to the next exchange."""
     def exchange(self, replies: list[tuple[str, Reply]], max_count: int,
                  timeout_s: float) -> list[GenerateRequest]:
         """Send ``replies``, then take up to ``max_count`` new requests, waiting up to

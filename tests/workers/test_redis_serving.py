@@ -217,3 +217,34 @@ async def test_a_request_taken_by_a_worker_that_died_before_answering_gets_worke
     assert time.monotonic() - died_at < 3
     assert [c.error.code for c in chunks] == ["worker_lost"]
     ghost.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.asyncio
+async def test_a_worker_hears_of_a_submission_without_a_round_trip_and_its_aborts_still(redis_server):
+    """The submission publishes on the model's arrival channel (what a worker in the middle of a
+    long step looks at, EngineWorker._take_arrivals); reading the stream clears it, and an abort
+    heard on the same subscription still reaches poll_aborts."""
+    from workers.protocol import WorkerInfo
+    from workers.redis_worker_transport import RedisWorkerTransport
+
+    worker = RedisWorkerTransport(redis_server, "heard-model", "heard-1")
+    worker.heartbeat(WorkerInfo("heard-1", "heard-model", "v", "host", 1, time.time(), time.time(), 1, 256))
+    assert worker.exchange([], 1, 0.0) == []
+    assert not worker.arrived()
+    client = RedisEngineClient(redis_server)
+    req = request("heard-model", PROMPT, greedy(4))
+    consumer = asyncio.create_task(collect(client, req))
+    deadline = time.monotonic() + 5
+    while not worker.arrived():
+        assert time.monotonic() < deadline, "the submission was not heard"
+        await asyncio.sleep(0.01)
+    client.abort_now("heard-model", ["some-other-request"])
+    taken = worker.exchange([], 1, 0.0)
+    assert [t.request_id for t in taken] == [req.request_id]
+    while "some-other-request" not in (aborts := worker.poll_aborts()):
+        assert time.monotonic() < deadline and aborts == [], aborts
+        await asyncio.sleep(0.01)
+    assert not worker.arrived()
+    consumer.cancel()
+    worker.close()
