@@ -251,10 +251,10 @@ class EngineWorker:
         have arrived meanwhile join the engine now, so that another tenant's newcomer can run
         before the step's end. Only when the transport knows of some without a round trip
         (``arrived``: Redis publishes each submission); replies wait for the loop's exchange."""
-        now = time.monotonic()
         room = self._room()
-        if room <= 0 or not self._transport_up(now):
+        if room <= 0 or self._outage.active:  # no reconnecting in the middle of a step
             return
+        now = time.monotonic()
         try:
             if self.transport.arrived():
                 self._admit(self.transport.exchange([], room, 0.0))

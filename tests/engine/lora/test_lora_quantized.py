@@ -21,13 +21,13 @@ def test_int4_base_keeps_the_fused_step_for_its_rows_only(tiny_lora):  # noqa: F
     runner = llm.engine.runner
     assert runner.fused_decode is not None
     fused_rows = []
-    run = runner.fused_decode.run
+    parts = runner.fused_decode.parts  # every fused step, whole (run) or in parts, goes through it
 
-    def counting_run(input_ids, *args):  # the real step, counted
+    def counting_parts(input_ids, *args, **kwargs):  # the real step, counted
         fused_rows.append(input_ids.shape[0])
-        return run(input_ids, *args)
+        return (yield from parts(input_ids, *args, **kwargs))
 
-    runner.fused_decode.run = counting_run
+    runner.fused_decode.parts = counting_parts
     prompts = prompts_of((9, 23, 17))
     terse, chatty = (LoRARequest(n, adapters[n]) for n in ("terse", "chatty"))
 
