@@ -66,3 +66,24 @@ def test_sandbox_refuses_attribute_escapes(smollm2_tokenizer_dir):
 
     with pytest.raises(ChatTemplateError, match="unsafe"):
         tokenizer.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_start_up_loads_each_active_versions_tokenizer_before_the_first_request(workerless_model, tmp_path):
+    """registry/warm_up.py: the first request finds the tokenizer loaded and its template compiled;
+    a version still being exported is skipped, a broken one logged and skipped."""
+    from webapp.registry.models import Model, ModelVersion
+    from webapp.registry.selectors import modelversion_tokenizer
+    from webapp.registry.tokenizers import load_tokenizer
+    from webapp.registry.warm_up import warm_tokenizers
+
+    for slug, tokenizer_dir in (("exporting", ""), ("broken", str(tmp_path / "missing"))):
+        ModelVersion.objects.create(model=Model.objects.create(slug=slug), number=1, path="x.gguf",
+                                    format="gguf", status="active", tokenizer_dir=tokenizer_dir)
+    load_tokenizer.cache_clear()
+
+    assert warm_tokenizers() == 1
+
+    info = load_tokenizer.cache_info()
+    assert info.currsize == 1
+    modelversion_tokenizer(workerless_model.versions.get())
+    assert load_tokenizer.cache_info().hits == info.hits + 1  # the request's lookup: no load

@@ -3,7 +3,7 @@
 Called from RegistryConfig.ready(), where the database must not be queried yet (the app
 registry is still being populated), so a short-lived thread waits for ``apps.ready`` and then
 hands each active version to workers.embedded.start_embedded_worker, which returns at once and
-loads the model in its own daemon thread.
+loads the model in its own daemon thread; then it loads the web side's tokenizers (warm_up.py).
 """
 
 from __future__ import annotations
@@ -63,11 +63,14 @@ def start_embedded_workers() -> list[str]:
 
 
 def _start_after_setup() -> None:
+    from webapp.registry.warm_up import warm_tokenizers
+
     deadline = time.monotonic() + APPS_READY_TIMEOUT_S
     while not apps.ready and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
         start_embedded_workers()
+        warm_tokenizers()  # the web side's share, while the workers load
     finally:
         connection.close()  # this thread's own connection
 
