@@ -287,7 +287,12 @@ class LLMEngine:
         """Between two parts of a step: take what has arrived; is there a newcomer to run first?"""
         if not self._may_pause:
             return False
-        self.arrivals()
+        try:
+            self.arrivals()
+        except Exception:  # the caller's fault: the step goes on, and pauses no more
+            logger.exception("taking arrivals between the parts of a step failed")
+            self._may_pause = False
+            return False
         return self.scheduler.has_newcomers()
 
     def _newcomers_step(self, paused: SchedulerOutput, outputs: list[RequestOutput]) -> bool:

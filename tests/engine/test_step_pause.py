@@ -147,3 +147,22 @@ def test_fused_parts_give_the_whole_steps_bits_with_other_steps_between_them(tin
                 _decode(runner, seqs)
         assert paused >= 1
         assert torch.equal(result, whole), dtype
+
+
+def test_a_failing_arrivals_hook_fails_no_request(engine):
+    """The caller's hook raising between parts: the step goes on whole, its answers unchanged."""
+    expected = reference(engine)
+    tokens = flood(engine)
+
+    def arrivals():
+        raise RuntimeError("the transport's bug")
+
+    engine.arrivals = arrivals
+    try:
+        engine.add_request("newcomer", [40, 41, 42], GREEDY, tenant=NEWCOMER)
+        drain(engine, tokens, [])
+    finally:
+        engine.arrivals = None
+    assert tokens == expected
+    assert engine.is_healthy
+    engine.block_manager.check_all_free()
