@@ -1,4 +1,4 @@
-"""What running a step in parts costs (engine/runtime/parts.py): the fused CPU step of a batch of
+"""What running a step in parts costs (engine/parts.py): the fused CPU step of a batch of
 decodes whole, and in its parts with a pause asked between them (never taken), alternated step by
 step in one engine so that each pair of neighbouring steps has the same rows.
 

@@ -34,7 +34,7 @@ from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.attention_metadata import AttentionMetadata
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from engine.kept_buffer import KeptBuffer
-from engine.runtime.parts import run_to_end
+from engine.parts import run_to_end
 from engine.kernels.cpu import build, decode_step, qmatmul
 from engine.quantization.int4 import Int4WeightOnlyLinear
 from engine.quantization.int8 import Int8WeightOnlyLinear

@@ -13,7 +13,7 @@ from engine.config import (EngineConfig, check_kv_cache_dtype, resolve_kv_cache_
                            resolve_quantization, resolve_use_triton)
 from engine.kept_buffer import KeptBuffer
 from engine.runtime.cuda_graphs import CudaGraphRunner
-from engine.runtime.parts import run_to_end
+from engine.parts import run_to_end
 from engine.runtime.device import default_dtype, resolve_device, resolve_dtype
 from engine.distributed import parallel_state
 from engine.distributed.ranks import join
@@ -306,7 +306,7 @@ class ModelRunner:
     @torch.inference_mode()
     def parts(self, entries: list[ScheduledSequence], pause: Callable[[], bool] | None = None
               ) -> Generator[None, None, list[SampledToken]]:
-        """One step as a generator (engine/runtime/parts.py): where every row runs the fused CPU
+        """One step as a generator (engine/parts.py): where every row runs the fused CPU
         step, it may yield between layers when ``pause()`` says so; it returns the sampled tokens.
         Where the fused CPU decode step runs, LoRA rows beside base decodes make two forwards (the
         base decodes fused, the rest on the torch path): a base request's tokens never depend on
