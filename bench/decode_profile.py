@@ -31,18 +31,21 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
+from bench import timing  # noqa: E402
 from bench.machine import cpu_line  # noqa: E402
 from engine.kernels.cpu import cpu_info  # noqa: E402
+from engine.memory.weight_arena import WeightArena  # noqa: E402
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's tensors (parameters, buffers and plain tensor attributes, each storage
-    once) that a decode step reads whole: all but the rotary tables."""
-    storages: dict[int, int] = {}
+    """Bytes of the model's tensors (parameters, buffers and plain tensor attributes, each once:
+    a tied table, or the kernels' weights that lie in one arena, engine/memory/weight_arena.py)
+    that a decode step reads whole: all but the rotary tables."""
+    tensors: dict[int, int] = {}
 
     def add(name: str, tensor: torch.Tensor) -> None:
         if "cos_sin" not in name and tensor.device.type == "cpu":
-            storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+            tensors.setdefault(tensor.data_ptr(), tensor.nbytes)
 
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         add(name, tensor)
@@ -50,13 +53,15 @@ def weight_bytes(model: torch.nn.Module) -> int:
         for name, value in vars(module).items():
             if isinstance(value, torch.Tensor):
                 add(f"{module_name}.{name}", value)
-    return sum(storages.values())
+    return sum(tensors.values())
 
 
 def read_seconds(nbytes: int, repeats: int = 30) -> float:
     """Median seconds to read ``nbytes`` once: a sum over one buffer of that size (torch's threads;
-    per-tensor sums measured torch's per-call cost instead: ~300 small tensors)."""
-    buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+    per-tensor sums measured torch's per-call cost instead: ~300 small tensors), on 2 MiB pages
+    as the engine's weights are (on 4 KiB pages the same read took 1.2-1.4x as long)."""
+    arena = WeightArena(nbytes)
+    buffer = arena.place(torch.ones(nbytes // 4, dtype=torch.float32))
     for _ in range(3):
         buffer.sum()
     times = []
@@ -68,27 +73,19 @@ def read_seconds(nbytes: int, repeats: int = 30) -> float:
 
 
 class _Split:
-    """Wall time of each call of the step's parts, by wrapping them on the live engine."""
+    """Wall time of each call of the step's parts, by wrapping them on the live engine (the fused
+    step as the runner drives it: its ``parts`` generator)."""
 
     def __init__(self, runner):
         self.times: dict[str, list[float]] = {}
         if runner.fused_decode is not None:
-            self._wrap("fused decode", runner.fused_decode, "run")
-        self._wrap("forward", runner.model, "forward")
-        self._wrap("vocabulary projection", runner.model, "compute_logits")
-        self._wrap("sampler", runner, "sampler")
+            timing.wrap_generator(runner.fused_decode, "parts", self._sink("fused decode"))
+        timing.wrap(runner.model, "forward", self._sink("forward"))
+        timing.wrap(runner.model, "compute_logits", self._sink("vocabulary projection"))
+        timing.wrap(runner, "sampler", self._sink("sampler"))
 
-    def _wrap(self, name: str, owner, attr: str) -> None:
-        inner = getattr(owner, attr)
-        times = self.times.setdefault(name, [])
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                times.append(time.perf_counter() - t0)
-        setattr(owner, attr, timed)
+    def _sink(self, name: str):
+        return self.times.setdefault(name, []).append
 
     def reset(self) -> None:
         for times in self.times.values():

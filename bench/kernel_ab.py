@@ -18,18 +18,17 @@ import argparse
 import ctypes
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine import LLM, SamplingParams  # noqa: E402
+from bench import timing  # noqa: E402
+from engine import LLM  # noqa: E402
 from engine.kernels.cpu import cpu_info  # noqa: E402
 from engine.kernels.cpu import build, native  # noqa: E402
 
@@ -68,10 +67,7 @@ def build_revision(revision: str, folder: pathlib.Path) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="HEAD", help="git revision of the other build")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--context", type=int, default=100, help="prompt tokens of each sequence")
-    parser.add_argument("--steps", type=int, default=60, help="decode steps, alternated")
+    timing.step_arguments(parser, batch=64, steps=60)
     args = parser.parse_args()
     print(f"CPU: {cpu_info.describe()}")
 
@@ -85,51 +81,17 @@ def main() -> None:
         before_step, before_products = build_revision(args.before, pathlib.Path(tmp))
     builds = {args.before: (before_step, before_products),
               "working tree": (runner.fused_decode.lib, native.library())}
-    times = {name: {"fused": [], "head": [], "step": []} for name in builds}
-    current = {"name": None}
-
-    def timed(part, inner):
-        def call(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a, **kw)
-            finally:
-                if current["name"]:
-                    times[current["name"]][part].append(time.perf_counter() - t0)
-        return call
-    runner.fused_decode.run = timed("fused", runner.fused_decode.run)
-    runner.model.compute_logits = timed("head", runner.model.compute_logits)
-
-    words = engine.tokenizer.encode("The history of the printing press, told again. ")
-    prompt = (words * (args.context // len(words) + 1))[:args.context]
-    for i in range(args.batch):  # distinct first tokens: no prefix shared beyond the template
-        engine.add_request(f"ab-{i}", [words[i % len(words)], *prompt], SamplingParams(
-            temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True))
-    while any(s.num_output_tokens == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()  # prefills, untimed
-    order = list(builds)
-    for i in range(args.steps):
-        name = order[i % 2]
-        current["name"] = name
-        runner.fused_decode.lib, native._state["lib"] = builds[name]
-        t0 = time.perf_counter()
-        engine.step()
-        times[name]["step"].append(time.perf_counter() - t0)
-    current["name"] = None
-    runner.fused_decode.lib, native._state["lib"] = builds["working tree"]
-    while engine.has_unfinished_requests():
-        engine.step()
+    def use(name: str):
+        def switch() -> None:
+            runner.fused_decode.lib, native._state["lib"] = builds[name]
+        return switch
+    timing.start_decodes(engine, args.batch, args.context, args.steps + 8, "ab")
+    times = timing.alternate(engine, [runner.fused_decode], {name: use(name) for name in builds},
+                             args.steps)
 
     print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
           f"{torch.get_num_threads()} threads; medians in ms")
-    print(f"{'build':<14} {'fused call':>11} {'LM head':>9} {'step':>9}")
-    med = {n: {p: statistics.median(v) * 1e3 for p, v in parts.items()} for n, parts in times.items()}
-    for name in order:
-        m = med[name]
-        print(f"{name[:14]:<14} {m['fused']:>11.2f} {m['head']:>9.2f} {m['step']:>9.2f}")
-    a, b = med[order[0]], med[order[1]]
-    print(f"{'new / before':<14} {b['fused'] / a['fused']:>11.3f} {b['head'] / a['head']:>9.3f} "
-          f"{b['step'] / a['step']:>9.3f}")
+    timing.print_medians(times, "build")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ model in fp32), and multiplies steps of at least that many rows by the copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -309,6 +311,15 @@ class LMHead(nn.Module):
             self.small_rows = Int8WeightOnlyLinear.from_float(weight, dtype=weight.dtype)
         elif weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             self.packed_fp32 = weight.to_mkldnn()
+
+    def kernel_weights(self) -> list[torch.Tensor]:
+        """The int8 table the native kernel streams each step (engine/memory/weight_arena.py)."""
+        return [] if self.q8_weight is None else [self.q8_weight, self.q8_scales]
+
+    def move_kernel_weights(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Takes ``place(t)``'s copy of each of ``kernel_weights()`` in its stead."""
+        if self.q8_weight is not None:
+            self.q8_weight, self.q8_scales = place(self.q8_weight), place(self.q8_scales)
 
     @property
     def extra_bytes(self) -> int:

@@ -31,6 +31,7 @@ N rows or more by that copy instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -213,6 +214,16 @@ class Int4WeightOnlyLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.reshape(*shape[:-1], self.out_features)
+
+    def kernel_weights(self) -> list[torch.Tensor]:
+        """What the native kernel streams each call (engine/memory/weight_arena.py)."""
+        return list(self._native_args or ())
+
+    def move_kernel_weights(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Takes ``place(t)``'s copy of each of ``kernel_weights()`` in its stead."""
+        if self._native_args is not None:
+            self.weight_packed, self.q4_d, self.q4_m = (place(t) for t in self._native_args)
+            self._native_args = (self.weight_packed, self.q4_d, self.q4_m)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -13,6 +13,7 @@ of q * s (2 bytes a weight beside the 1 of q) for steps of N rows or more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -194,6 +195,16 @@ class Int8WeightOnlyLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.reshape(*shape[:-1], self.out_features)
+
+    def kernel_weights(self) -> list[torch.Tensor]:
+        """What the native kernel streams each call (engine/memory/weight_arena.py)."""
+        return list(self._native_args or ())
+
+    def move_kernel_weights(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Takes ``place(t)``'s copy of each of ``kernel_weights()`` in its stead."""
+        if self._native_args is not None:
+            self.q8_packed, self.q8_d = (place(t) for t in self._native_args)
+            self._native_args = (self.q8_packed, self.q8_d)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

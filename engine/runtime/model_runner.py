@@ -20,6 +20,7 @@ from engine.distributed.ranks import join
 from engine.errors import InvalidParameterError
 from engine.memory.gpu_memory import MemoryProfile, memory_summary, profile_memory
 from engine.memory.kv_pool import allocate_kv_pool
+from engine.memory.weight_arena import move_kernel_weights
 from engine.scheduling.input_batch import build_input_batch
 from engine.memory.kv_pool_sizing import (kv_bytes_per_token, max_blocks_per_seq, num_kv_blocks,
                                           window_split)
@@ -114,6 +115,9 @@ class ModelRunner:
         self.model.lm_head.prepare(int8_small_rows=quantization not in (None, "none") and (
             bool(self.quantization_plan) or quantization != "auto" or any(
                 native.get(n) for n in ("model.embed_tokens.weight", "lm_head.weight"))))
+        # the native kernels' weights on 2 MiB pages, in the order a step reads them (before the
+        # embedding shares the head's table and the fused step takes their addresses)
+        self.weight_arena = move_kernel_weights(self.model) if self.device.type == "cpu" else None
         self._share_vocabulary_table()
         self.sampler = Sampler()
         self.memory_profile: MemoryProfile | None = None  # set when CUDA memory is profiled
