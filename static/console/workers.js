@@ -40,11 +40,11 @@
       [w.state + (w.draining ? " (draining)" : ""), w.model, w.version, w.host, w.pid, w.uptime_s + " s",
        w.heartbeat_age_s + " s ago", w.num_running, w.num_waiting, pct(w.kv_cache_usage),
        pct(w.prefix_cache_hit_rate), w.tokens_per_s.toFixed(1), secs(w.ttft_p50), secs(w.ttft_p95),
-       secs(w.itl_p50), secs(w.itl_p95), drafts(w)].forEach((v) => tr.appendChild(cell(String(v))));
+       secs(w.itl_p50), secs(w.itl_p95), drafts(w), w.num_preemptions + " / " + w.num_paused_steps].forEach((v) => tr.appendChild(cell(String(v))));
       tr.appendChild(settingsCell(w.engine_settings || {}, openRows.has(w.worker_id)));
       body.appendChild(tr);
     }
-    if (!data.workers.length) body.appendChild(emptyRow("No workers.", 18));
+    if (!data.workers.length) body.appendChild(emptyRow("No workers.", 19));
     uncovered.replaceChildren(...data.uncovered.map((item) => {
       const p = document.createElement("p");
       p.className = "warning";

@@ -287,6 +287,7 @@ def test_upload_validate_activate_serve_key_and_usage(staff, console_site, artif
     expect(live.locator("td").nth(2)).to_have_text("1")
     expect(page.locator("#uncovered")).not_to_contain_text(MODEL)
     expect(page.locator("#refreshed")).to_contain_text("updated")
+    expect(live.locator("td").nth(17)).to_have_text("0 / 0")  # preempted / paused, as the JS redraws it
     assert_fits_the_window(page)
     shoot(page, artifacts_dir, "workers")
 

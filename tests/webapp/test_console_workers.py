@@ -56,6 +56,7 @@ def test_workers_json_lists_the_live_worker_and_models_without_one(staff_client,
     row = next(w for w in data["workers"] if w["model"] == MODEL)
     assert row["state"] == "live" and row["version"] == "1" and row["num_running"] == 0
     assert 0 <= row["heartbeat_age_s"] < 5 and row["uptime_s"] > 0 and row["kv_cache_usage"] == 0
+    assert (row["num_preemptions"], row["num_paused_steps"]) == (0, 0)
     assert data["uncovered"] == [{"model": "unserved", "version": "1"}]
     assert page.status_code == 200 and b"No worker serves unserved v1." in page.content
     assert row["worker_id"].encode() in page.content

@@ -148,3 +148,9 @@ def test_the_workers_figures_state_speculative_acceptance_and_tokens_per_step():
     assert figures["spec_tokens_per_step"] == 4.75  # (15 accepted + 4 tokens of the model's own) / 4 steps
     none = worker_figures({"num_spec_drafts": 0, "num_spec_draft_tokens": 0})
     assert none["spec_acceptance_rate"] is None and none["spec_tokens_per_step"] is None
+
+
+def test_the_workers_figures_count_preemptions_and_paused_steps():
+    figures = worker_figures({"num_preemptions": 3, "num_paused_steps": 7})
+    assert (figures["num_preemptions"], figures["num_paused_steps"]) == (3, 7)
+    assert worker_figures(None)["num_paused_steps"] == 0  # a worker before its first heartbeat's stats

@@ -18,8 +18,10 @@ def percentile(samples: list[float], q: float) -> float | None:
 
 def worker_figures(stats: dict | None) -> dict:
     """Queue, KV cache use, prefix hit rate, tokens/s, TTFT/ITL p50/p95 (over the worker's
-    recent samples; None when it has none yet) and speculative decoding's acceptance rate and
-    tokens per drafting step (accepted drafts + the model's own token; None before any draft)."""
+    recent samples; None when it has none yet), speculative decoding's acceptance rate and
+    tokens per drafting step (accepted drafts + the model's own token; None before any draft),
+    and the scheduler's yields since the worker started: requests preempted for lack of KV
+    blocks, steps paused between layers for another tenant's newcomer."""
     stats = stats or {}
     latency = stats.get("latency") or {}
     ttft = (latency.get("time_to_first_token") or {}).get("recent") or []
@@ -36,4 +38,6 @@ def worker_figures(stats: dict | None) -> dict:
         "itl_p50": percentile(tpot, 50), "itl_p95": percentile(tpot, 95),
         "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "spec_tokens_per_step": (accepted + drafts) / drafts if drafts else None,
+        "num_preemptions": stats.get("num_preemptions", 0),
+        "num_paused_steps": stats.get("num_paused_steps", 0),
     }
