@@ -60,6 +60,18 @@ class _Request:
         return self.seq.request_id if self.group is None else self.group.request_id
 
 
+@dataclass
+class _Step:
+    """A step under way (see LLMEngine.step): its schedule and the runner's generator of it."""
+    sched: SchedulerOutput
+    parts: Generator
+    may_pause: bool = True  # False once its newcomers could not run, or taking arrivals failed
+    deferred_aborts: list[str] = dataclasses.field(default_factory=list)  # while it was paused
+
+    def __post_init__(self):
+        self.ids = {e.seq.request_id for e in self.sched.scheduled}  # aborts of these wait for its end
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: Callable[[int, int], None] | None = None):
         self.config = config
@@ -101,10 +113,8 @@ class LLMEngine:
         # A caller that takes requests while a step runs (the worker: what its transport holds now)
         # sets ``arrivals``; a long fused step then pauses between layers for a newcomer (see step).
         self.arrivals: Callable[[], None] | None = None
-        self._paused: tuple[SchedulerOutput, Generator] | None = None  # the step a newcomer paused
-        self._paused_ids: set[str] = set()  # its sequences' ids: their aborts wait for its end
-        self._deferred_aborts: list[str] = []
-        self._may_pause = True  # False for the rest of a step whose newcomers could not run
+        self._running: _Step | None = None  # the step under way, paused or not
+        self._paused: _Step | None = None  # the step a newcomer paused
         self.num_paused_steps = 0  # steps paused for a newcomer's step, all time
         self._groups: dict[str, SampleGroup] = {}  # n > 1 requests, by request id
         self._forking: dict[str, SampleGroup] = {}  # those whose prompt is not computed yet
@@ -216,10 +226,11 @@ class LLMEngine:
         request in a step a newcomer paused stops when that step ends (its blocks are being
         written), reported by the step() after."""
         group = self._groups.get(request_id)
-        if self._paused is not None and self.has_request(request_id) and (
+        paused = self._paused
+        if paused is not None and self.has_request(request_id) and (
                 {r.seq.request_id for r in group.samples} if group is not None else {request_id}
-        ) & self._paused_ids:
-            self._deferred_aborts.append(request_id)
+        ) & paused.ids:
+            paused.deferred_aborts.append(request_id)
             return
         if group is not None:
             live = [r for r in group.samples if r.seq.request_id in self._requests]
@@ -256,42 +267,42 @@ class LLMEngine:
         loses nothing: its parts give the same bits as the whole."""
         outputs, self._pending = self._pending, []
         if self._paused is not None:
-            self._go_on(*self._paused, outputs)
+            self._go_on(self._paused, outputs)
             return outputs
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
         self._note_scheduled(sched)
         pause = self._newcomer_waits if self.arrivals is not None else None
-        self._go_on(sched, self.runner.parts(sched.scheduled, pause), outputs)
+        self._go_on(_Step(sched, self.runner.parts(sched.scheduled, pause)), outputs)
         return outputs
 
-    def _go_on(self, sched: SchedulerOutput, parts: Generator, outputs: list[RequestOutput]) -> None:
-        """Run ``sched``'s step on from where it is. Where it pauses and the newcomers' own step
-        runs, return: the next step() goes on with it. Where none of theirs could run (no seat or
+    def _go_on(self, step: _Step, outputs: list[RequestOutput]) -> None:
+        """Run ``step`` on from where it is. Where it pauses and the newcomers' own step runs,
+        return: the next step() goes on with it. Where none of theirs could run (no seat or
         blocks outside the paused step), go on at once, pausing no more."""
-        self._paused_ids = {e.seq.request_id for e in sched.scheduled}
-        while not self._run(sched, parts, outputs):
-            self._paused = (sched, parts)
-            if self._newcomers_step(sched, outputs):
+        self._running = step
+        while not self._run(step.sched, step.parts, outputs):
+            self._paused = step
+            if self._newcomers_step(step.sched, outputs):
                 self.num_paused_steps += 1
                 return
-            self._may_pause = False
-        self._paused, self._paused_ids, self._may_pause = None, set(), True
-        aborts, self._deferred_aborts = self._deferred_aborts, []
-        for request_id in aborts:
+            step.may_pause = False
+        self._running = self._paused = None
+        for request_id in step.deferred_aborts:
             with contextlib.suppress(RequestNotFoundError):  # it finished meanwhile
                 self.abort_request(request_id)
 
     def _newcomer_waits(self) -> bool:
         """Between two parts of a step: take what has arrived; is there a newcomer to run first?"""
-        if not self._may_pause:
+        step = self._running
+        if step is None or not step.may_pause:
             return False
         try:
             self.arrivals()
         except Exception:  # the caller's fault: the step goes on, and pauses no more
             logger.exception("taking arrivals between the parts of a step failed")
-            self._may_pause = False
+            step.may_pause = False
             return False
         return self.scheduler.has_newcomers()
 
