@@ -67,9 +67,10 @@ class _Step:
     parts: Generator
     may_pause: bool = True  # False once its newcomers could not run, or taking arrivals failed
     deferred_aborts: list[str] = dataclasses.field(default_factory=list)  # while it was paused
+    ids: set[str] = dataclasses.field(init=False)  # its sequences': their aborts wait for its end
 
     def __post_init__(self):
-        self.ids = {e.seq.request_id for e in self.sched.scheduled}  # aborts of these wait for its end
+        self.ids = {e.seq.request_id for e in self.sched.scheduled}
 
 
 class LLMEngine:
