@@ -87,3 +87,25 @@ def test_start_up_loads_each_active_versions_tokenizer_before_the_first_request(
     assert info.currsize == 1
     modelversion_tokenizer(workerless_model.versions.get())
     assert load_tokenizer.cache_info().hits == info.hits + 1  # the request's lookup: no load
+
+
+def test_a_web_server_of_its_own_warms_the_tokenizers_at_start_up(workerless_model, monkeypatch):
+    """`make stack`'s and docker-compose's Daphne processes start with PAGODA_WARM_TOKENIZERS=1:
+    RegistryConfig.ready() warms the tokenizers in a thread (the embedded server does it beside
+    its workers); without the flag (migrate, shell, tests) nothing is loaded."""
+    from django.apps import apps
+
+    from webapp.registry import warm_up
+    from webapp.registry.tokenizers import load_tokenizer
+
+    started = []
+    # the thread's work run here, at once (its own connection would not see this test's rows)
+    monkeypatch.setattr(warm_up, "when_apps_ready", lambda work, what, name: started.append(work) or work())
+    registry = apps.get_app_config("registry")
+    monkeypatch.delenv("PAGODA_WARM_TOKENIZERS", raising=False)
+    registry.ready()
+    assert started == []
+    monkeypatch.setenv("PAGODA_WARM_TOKENIZERS", "1")
+    load_tokenizer.cache_clear()
+    registry.ready()
+    assert started == [warm_up.warm_tokenizers] and load_tokenizer.cache_info().currsize == 1

@@ -4,17 +4,13 @@ saved lines (done lines are kept, the others run; see runner.py)."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
-from django.apps import apps
-from django.db import connection
 from django.db.models import F
 
 from webapp.batches.models import Batch
+from webapp.config.after_ready import when_apps_ready
 
 logger = logging.getLogger(__name__)
-APPS_READY_TIMEOUT_S = 60.0
 
 
 def batches_resume() -> list[int]:
@@ -31,17 +27,5 @@ def batches_resume() -> list[int]:
     return ids
 
 
-def _resume_after_setup() -> None:
-    deadline = time.monotonic() + APPS_READY_TIMEOUT_S
-    while not apps.ready and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        batches_resume()
-    except Exception:
-        logger.exception("resuming batches failed")
-    finally:
-        connection.close()
-
-
 def resume_batches_when_ready() -> None:
-    threading.Thread(target=_resume_after_setup, name="pagoda-batch-resume", daemon=True).start()
+    when_apps_ready(batches_resume, "resuming batches", "pagoda-batch-resume")

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -17,3 +19,7 @@ class RegistryConfig(AppConfig):
             from webapp.registry.embedded import start_embedded_workers_when_ready
 
             start_embedded_workers_when_ready()
+        elif os.environ.get("PAGODA_WARM_TOKENIZERS") == "1":  # a web server of its own
+            from webapp.registry.warm_up import warm_tokenizers_when_ready
+
+            warm_tokenizers_when_ready()

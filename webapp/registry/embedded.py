@@ -9,17 +9,11 @@ loads the model in its own daemon thread; then it loads the web side's tokenizer
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
-from django.apps import apps
-from django.db import connection
-
+from webapp.config.after_ready import when_apps_ready
 from webapp.config.embedded_jobs import embedded_server, start_embedded_beat
 
 logger = logging.getLogger(__name__)
-
-APPS_READY_TIMEOUT_S = 60.0
 
 
 def sync_embedded_worker(slug: str) -> str | None:
@@ -62,19 +56,13 @@ def start_embedded_workers() -> list[str]:
     return started
 
 
-def _start_after_setup() -> None:
+def _start() -> None:
     from webapp.registry.warm_up import warm_tokenizers
 
-    deadline = time.monotonic() + APPS_READY_TIMEOUT_S
-    while not apps.ready and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        start_embedded_workers()
-        warm_tokenizers()  # the web side's share, while the workers load
-    finally:
-        connection.close()  # this thread's own connection
+    start_embedded_workers()
+    warm_tokenizers()  # the web side's share, while the workers load
 
 
 def start_embedded_workers_when_ready() -> None:
-    threading.Thread(target=_start_after_setup, name="pagoda-embedded-start", daemon=True).start()
+    when_apps_ready(_start, "starting the embedded workers", "pagoda-embedded-start")
     start_embedded_beat()  # no Celery beat in embedded mode: metric snapshots, usage roll-ups
