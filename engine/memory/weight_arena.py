@@ -15,19 +15,22 @@ kernel streams each call) and ``move_kernel_weights(place)`` (take ``place(t)``'
 their stead): the int4 and int8 projections and the LM head's int8 table
 (engine/quantization/, engine/layers/linear.py). They are the same values, so nothing computed
 changes. Where the kernel says no to huge pages (THP "never", no MADV_HUGEPAGE, not Linux) the
-copies stay on small pages; the arena's ``huge_bytes`` says what it got.
+copies stay on small pages; the arena's ``huge_bytes`` says what it got. ``PAGODA_WEIGHT_ARENA=0``
+leaves the weights where the loader put them.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import os
 from collections.abc import Iterable
 
 import torch
 
 logger = logging.getLogger(__name__)
 
+ENV = "PAGODA_WEIGHT_ARENA"
 HUGE_PAGE = 2 << 20
 SLOT_ALIGN = 4096  # each tensor starts on a page: any dtype's view lines up, and a cache line
 
@@ -95,6 +98,9 @@ def _holders(model: torch.nn.Module) -> Iterable[torch.nn.Module]:
 def move_kernel_weights(model: torch.nn.Module) -> WeightArena | None:
     """Moves every native kernel's weights of ``model`` (CPU) into one huge-page arena, in the
     modules' order (a layer's projections as a step reads them); None where there are none."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        logger.info("kernel weights left where the loader put them (%s=0)", ENV)
+        return None
     holders = _holders(model)
     total = sum(_slot(t.nbytes) for h in holders for t in h.kernel_weights())
     if total == 0:

@@ -83,3 +83,10 @@ def test_the_arena_refuses_what_does_not_fit():
     arena.place(torch.ones(1024))
     with pytest.raises(ValueError, match="full"):
         arena.place(torch.ones(1))
+
+
+def test_the_switch_leaves_the_weights_where_the_loader_put_them(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("PAGODA_WEIGHT_ARENA", "0")
+    llm = LLM(str(tiny_llama_dir), quantization="int4", num_kv_blocks=32, max_model_len=128)
+    assert llm.engine.runner.weight_arena is None
+    assert llm.engine.runner.fused_decode is not None
