@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench import timing  # noqa: E402
 from bench.machine import cpu_line  # noqa: E402
 from engine import LLM  # noqa: E402
-from engine.memory.weight_arena import _holders  # noqa: E402
+from engine.memory.weight_arena import holders  # noqa: E402
 from engine.models.fused_decode import FusedDecode  # noqa: E402
 
 
@@ -47,13 +47,13 @@ def main() -> None:
     if runner.fused_decode is None or arena is None:
         sys.exit("no fused CPU step or no weight arena here: nothing to compare")
     print(f"arena: {arena.nbytes / 2**20:.1f} MiB, {arena.huge_bytes() / 2**20:.1f} MiB on huge pages")
-    holders = _holders(runner.model)
-    in_arena = [t for h in holders for t in h.kernel_weights()]
+    movers = holders(runner.model)
+    in_arena = [t for h in movers for t in h.kernel_weights()]
     copies = {t.data_ptr(): t.clone() for t in in_arena}
     back = {c.data_ptr(): t for t, c in zip(in_arena, copies.values())}
 
     def use(table: dict) -> None:
-        for holder in holders:
+        for holder in movers:
             holder.move_kernel_weights(lambda t: table.get(t.data_ptr(), t))
     use(copies)  # a second fused step on the copies' addresses
     fused = {"small pages": FusedDecode.build(runner.model, runner.kv_caches, runner.block_size,

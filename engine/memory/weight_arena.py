@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 from collections.abc import Iterable
 
 import torch
+
+from engine.kernels.cpu import build
 
 logger = logging.getLogger(__name__)
 
@@ -91,22 +92,23 @@ class WeightArena:
         return 0
 
 
-def _holders(model: torch.nn.Module) -> Iterable[torch.nn.Module]:
+def holders(model: torch.nn.Module) -> Iterable[torch.nn.Module]:
+    """The modules whose kernel weights move (``kernel_weights`` and ``move_kernel_weights``)."""
     return [m for m in model.modules() if callable(getattr(m, "move_kernel_weights", None))]
 
 
 def move_kernel_weights(model: torch.nn.Module) -> WeightArena | None:
     """Moves every native kernel's weights of ``model`` (CPU) into one huge-page arena, in the
     modules' order (a layer's projections as a step reads them); None where there are none."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not build.env_switch(ENV):
         logger.info("kernel weights left where the loader put them (%s=0)", ENV)
         return None
-    holders = _holders(model)
-    total = sum(_slot(t.nbytes) for h in holders for t in h.kernel_weights())
+    movers = holders(model)
+    total = sum(_slot(t.nbytes) for h in movers for t in h.kernel_weights())
     if total == 0:
         return None
     arena = WeightArena(total)
-    for holder in holders:
+    for holder in movers:
         holder.move_kernel_weights(arena.place)
     logger.info("kernel weights: %.1f MiB in one arena, %.1f MiB of it on 2 MiB pages",
                 total / 2**20, arena.huge_bytes() / 2**20)

@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM
 from engine.kernels.cpu import qmatmul
-from engine.memory.weight_arena import HUGE_PAGE, WeightArena, _holders, move_kernel_weights
+from engine.memory.weight_arena import HUGE_PAGE, WeightArena, holders, move_kernel_weights
 from engine.quantization.int4 import Int4WeightOnlyLinear
 from engine.quantization.int8 import Int8WeightOnlyLinear
 
@@ -31,10 +31,10 @@ def test_an_engine_reads_every_kernel_weight_from_its_arena_in_step_order(tiny_l
     runner = llm.engine.runner
     arena = runner.weight_arena
     assert arena is not None
-    holders = _holders(runner.model)
-    assert sum(isinstance(h, Int4WeightOnlyLinear) for h in holders) == 4 * len(runner.model.model.layers)
-    assert holders[-1] is runner.model.lm_head
-    addresses = [t.data_ptr() for h in holders for t in h.kernel_weights()]
+    movers = holders(runner.model)
+    assert sum(isinstance(h, Int4WeightOnlyLinear) for h in movers) == 4 * len(runner.model.model.layers)
+    assert movers[-1] is runner.model.lm_head
+    addresses = [t.data_ptr() for h in movers for t in h.kernel_weights()]
     assert len(addresses) == 4 * 3 * len(runner.model.model.layers) + 2  # (w, d, m) x 4 a layer; the head's
     start = arena.address + arena.start
     assert all(start <= a < start + arena.nbytes for a in addresses)

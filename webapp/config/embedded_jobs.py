@@ -25,10 +25,12 @@ from django.apps import apps
 from django.conf import settings
 from django.db import connection
 
+from webapp.config.after_ready import APPS_READY_TIMEOUT_S
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_WORKERS_FLAG = "PAGODA_EMBEDDED_WORKERS"
-APPS_READY_TIMEOUT_S = 60.0
+
 MAX_SLEEP_S = 60.0  # re-read the clock at least this often (crontabs across clock changes)
 
 
