@@ -139,3 +139,28 @@ async def test_a_cancel_from_another_process_aborts_in_the_workers_and_stays_can
     assert record.status != "running"
     assert await sync_to_async(apikey_running_requests)(api_key=key) == 0
     assert await sync_to_async(apikey_background_count)(api_key=key) == 0
+
+
+async def test_a_response_cancelled_before_its_generation_begins_is_recorded_aborted_and_frees_its_slots(
+        api_key, engine, monkeypatch):
+    # Its task held where the generation would begin (on a busy server, the thread marking it
+    # in_progress): the cancel lands there, before any usage record of the generation's own.
+    held = asyncio.Event()
+
+    async def not_begun(**_kwargs):
+        held.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(responses_views, "completion_continue", not_begun)
+    key, raw = api_key
+    queued = await start(raw)
+    await asyncio.wait_for(held.wait(), 10)
+
+    cancelled = await call(raw, "post", f"/v1/responses/{queued['id']}/cancel")
+
+    assert cancelled.json()["status"] == "cancelled"
+    record = await UsageRecord.objects.aget(request_id=queued["id"])
+    assert (record.status, record.prompt_tokens, record.completion_tokens) == ("aborted", 0, 0)
+    assert engine.closed == [] and engine.aborted == []
+    assert await sync_to_async(apikey_running_requests)(api_key=key) == 0
+    assert await sync_to_async(apikey_background_count)(api_key=key) == 0

@@ -5,7 +5,9 @@ from django.contrib.auth import get_user_model
 
 from webapp.keys.services import apikey_create
 from webapp.usage.selectors import usage_list, usage_totals
-from webapp.usage.services import usage_record_create
+from webapp.usage.outcome import Outcome
+from webapp.usage.services import usage_record_create, usage_status
+from workers.protocol import Chunk
 
 pytestmark = [pytest.mark.django_db, pytest.mark.db_engine]
 
@@ -30,3 +32,22 @@ def test_a_record_with_an_unknown_status_is_refused():
 
     with pytest.raises(ValidationError, match="status"):
         usage_record_create(request_id="r", endpoint="completions", status="fine", latency=0.1)
+
+
+def _choices_ended(*reasons: str) -> Outcome:
+    outcome = Outcome()
+    samples = [{"index": i, "text": "x", "finish_reason": reason, "num_output_tokens": 1}
+               for i, reason in enumerate(reasons)]
+    chunk = Chunk("r", "", [], None, True, reasons[0], 3, len(reasons), 0, 0.01)
+    chunk.samples = samples
+    outcome.add(chunk)
+    return outcome
+
+
+@pytest.mark.parametrize(("reasons", "status"), [
+    (("length", "length"), "ok"),
+    (("length", "abort", "abort"), "aborted"),  # the first choice ran out before the abort reached the rest
+    (("abort", "stop"), "aborted"),
+])
+def test_a_request_with_several_choices_is_aborted_when_any_of_them_was(reasons, status):
+    assert usage_status(outcome=_choices_ended(*reasons)) == status

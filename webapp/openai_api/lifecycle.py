@@ -83,6 +83,15 @@ async def completion_continue(*, request_id: str, dialect: Dialect, api_key: Api
                                                              api_key=api_key, values=values, started=started))
 
 
+async def completion_abandon(request_id: str) -> None:
+    """An admitted request whose generation never began (a background response cancelled while
+    queued): its usage record, aborted and not billed, written now as a hang-up's would be, and
+    the key's slot freed. A no-op once the request has its record (a generation writes its own)."""
+    entry = tracked(request_id)
+    if entry is not None and entry.cut is not None:
+        await entry.cut()
+
+
 async def _answered(call: _Call, dialect: Dialect, work: Awaitable[HttpResponse]) -> HttpResponse:
     """``work``'s response, or the error object of its refusal with the usage record written."""
     try:

@@ -12,9 +12,10 @@ start unbounded work that no connection holds open (the ASGI gate counts only op
 The response is then stored ``queued`` and answered so, and its generation runs in a task of this
 process (``completion_continue``), stored ``in_progress`` once that task starts it, then
 ``completed`` / ``incomplete`` / ``failed``. Cancel stores it ``cancelled`` and aborts it: its task
-when it runs in this process (the usage record says aborted), else through the workers' abort
-(the engine request has the response's id), the owning process then recording what was generated
-while the stored status stays ``cancelled``.
+when it runs in this process (the usage record says aborted; cancelled before its generation
+began, an aborted record with nothing billed is written then, and the key's slot freed), else
+through the workers' abort (the engine request has the response's id), the owning process then
+recording what was generated while the stored status stays ``cancelled``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from webapp.keys.models import ApiKey
 from webapp.openai_api import errors
 from webapp.openai_api.body import body_parse
 from webapp.openai_api.dialect import Dialect
-from webapp.openai_api.lifecycle import completion_continue, completion_create
+from webapp.openai_api.lifecycle import completion_abandon, completion_continue, completion_create
 from webapp.openai_api.models import StoredResponse
 from webapp.openai_api.responses_input import ResponseInputSerializer, response_resolve
 from webapp.openai_api.responses_render import ResponseStream, response_body, response_object
@@ -184,6 +185,7 @@ class ResponseCancelApi(ResponsesView):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await completion_abandon(response_id)  # cancelled before its generation began
         else:  # running in another web process, or ended: the workers drop it if one holds it
             await _abort_elsewhere(request, response_id)
         return await _answer(request, lambda key: response_get(api_key=key, response_id=response_id).body)

@@ -66,8 +66,9 @@ def usage_record_start(*, request_id: str, endpoint: str, started: float, model:
 
 
 def usage_status(*, outcome: Outcome, aborted: bool = False, error_code: str | None = None) -> str:
-    """How a generation ended: aborted (the client left, or the engine says so), error, or ok."""
-    if aborted or outcome.finish_reason == "abort":
+    """How a generation ended: aborted (the client left, or the engine says so of any of its
+    choices), error, or ok."""
+    if aborted or any(choice.finish_reason == "abort" for choice in outcome.choices):
         return UsageRecord.Status.ABORTED
     if error_code is not None or outcome.error is not None or not outcome.finished:
         return UsageRecord.Status.ERROR
