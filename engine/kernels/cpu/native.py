@@ -57,6 +57,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
                             _p, _i64, _p, _p], None),
     "pagoda_decode_layers": ([_ref(Layer), _i64, _p, _ref(Shape), _i64, _p, _i64, _p, _p, _p, _p, _p, _p,
                               _p, _i64, _p, _p, _i64, _i64], None),
+    "pagoda_embed_int8": ([_p, _p, _i64, _i64, _i64, _p, _i64, _p, _i64], _i64),
+    "pagoda_argmax_rows": ([_p, _i64, _i64, _i64, _p, _i64], None),
 }
 
 

@@ -6,8 +6,9 @@
    Files: qmatmul.c (the products' layouts and entry points), products.c (a product's work on
    each thread of a team: activation rounding, the VNNI / AVX2 tiles, the split of the weight
    groups), amx_tiles.c (AMX tiles and the AMX switch), attention.c (the decode step's
-   attention; attention_bf16.h, included by it, its bf16 products), decode_step.c (the step driver). Built with -fvisibility=hidden: only PAGODA_API
-   names leave the library. */
+   attention; attention_bf16.h, included by it, its bf16 products), decode_step.c (the step
+   driver), step_rows.c (the step's one-row ends: the tied embedding's rows, the greedy argmax).
+   Built with -fvisibility=hidden: only PAGODA_API names leave the library. */
 
 #ifndef PAGODA_KERNELS_H
 #define PAGODA_KERNELS_H
@@ -82,6 +83,11 @@ PAGODA_API void pagoda_decode_layers(const pg_layer *layers, int64_t num_layers,
                                      const int64_t *window_slots, const int32_t *window_tables,
                                      const int32_t *ctx, void *out, int64_t out_bf16,
                                      float *work, uint8_t *scratch, int64_t first, int64_t last);
+/* step_rows.c: a token's row of the int8 table (the tied embedding), each row's argmax. */
+PAGODA_API int64_t pagoda_embed_int8(const uint8_t *codes, const uint16_t *scales, int64_t rows, int64_t V,
+                                     int64_t H, const int64_t *ids, int64_t T, void *out, int64_t out_bf16);
+PAGODA_API void pagoda_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int64_t *out,
+                                   int64_t num_threads);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PG_NATIVE 1
