@@ -184,8 +184,10 @@ def _fill_row_tables(meta, ordered, device, table="block_table") -> None:
     a prompt chunk's token at position p attends to positions 0..p, as that token's decode would."""
     meta.decode_context_lens = _tensor([p + 1 for e in ordered for p in range(e.start, e.start + e.num_new_tokens)],
                                        device, torch.int32)
-    counts = torch.tensor([e.num_new_tokens for e in ordered])
-    meta.decode_block_tables = _padded_tables(ordered, device, table).repeat_interleave(counts.to(device), dim=0)
+    tables = _padded_tables(ordered, device, table)
+    if any(e.num_new_tokens > 1 for e in ordered):  # else one row each: two torch calls fewer a decode step
+        tables = tables.repeat_interleave(torch.tensor([e.num_new_tokens for e in ordered], device=device), dim=0)
+    meta.decode_block_tables = tables
 
 
 def _padded_tables(entries, device, table="block_table") -> torch.Tensor:
