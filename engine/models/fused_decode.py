@@ -207,17 +207,22 @@ class FusedDecode:
         return num_decode_rows > 0 and not (self.dense_rows and num_decode_rows >= self.dense_rows)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            meta: AttentionMetadata, window_slots: torch.Tensor | None = None) -> torch.Tensor:
+            meta: AttentionMetadata, window_slots: torch.Tensor | None = None,
+            last_position: int | None = None) -> torch.Tensor:
         """The decode rows' ids, positions and cache slots [B] (long), their block tables and
         context lengths in ``meta`` -> final-norm hidden states [B, hidden] in the model's dtype.
         Writes each row's K/V into the pool, as the torch path does. A model whose sliding-window
         layers keep a pool of their own (``meta.window``): those layers' slots for the same rows in
-        ``window_slots``, their tables in ``meta.window`` (the same width as ``meta``'s)."""
-        return run_to_end(self.parts(input_ids, positions, slots, meta, window_slots))
+        ``window_slots``, their tables in ``meta.window`` (the same width as ``meta``'s).
+        ``last_position``: the largest of ``positions`` (or more) where the caller knows it, so
+        that the check of the rotary tables' bound needs no reduction over the tensor."""
+        return run_to_end(self.parts(input_ids, positions, slots, meta, window_slots,
+                                     last_position=last_position))
 
     def parts(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
               meta: AttentionMetadata, window_slots: torch.Tensor | None = None,
-              pause: Callable[[], bool] | None = None) -> Generator[None, None, torch.Tensor]:
+              pause: Callable[[], bool] | None = None, last_position: int | None = None
+              ) -> Generator[None, None, torch.Tensor]:
         """``run`` as a generator that may stop between layers: a step of PAUSABLE_ROWS rows or
         more runs in PARTS parts, and before each part after the first ``pause()`` is asked; True
         yields there (the engine runs a newcomer's short step, then resumes this one with next()).
@@ -225,7 +230,9 @@ class FusedDecode:
         step may be part-way at a time: it keeps its work area apart, and any number of whole
         steps may run while it waits."""
         b = input_ids.shape[0]
-        if int(positions.max()) >= self.max_position:  # C reads the tables unchecked
+        if last_position is None:
+            last_position = int(positions.max())
+        if last_position >= self.max_position:  # C reads the tables unchecked
             raise ValueError(f"position beyond the model's {self.max_position} rotary positions")
         x = self.embed(input_ids).contiguous()
         tables, ctx = meta.decode_block_tables, meta.decode_context_lens

@@ -2,11 +2,13 @@
 
 The model runner builds one ``SamplingMetadata`` per step for the S sequences
 that sample; ``engine.sampling.sampler.Sampler`` consumes it. Python-side flags
-let the sampler skip every feature no row in the batch uses.
+let the sampler skip every feature no row in the batch uses. Its tensors are read,
+never written: an all-greedy batch's field tensors are shared (``_neutral``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import chain
 
@@ -90,12 +92,14 @@ class SamplingMetadata:
             [float(p.frequency_penalty) for p in params],
         ]
         top_k = [0 if g else p.top_k for p, g in zip(params, greedy)]
-        # [6, S]: one host-to-device copy for every float field
-        float_table = torch.tensor(floats, dtype=torch.float32, device=device)
-        temperature, top_p, min_p, rep, presence, frequency = float_table.unbind(0)
-
         has_rep = [p.repetition_penalty != 1.0 for p in params]
         has_additive = [p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params]
+        if all(greedy) and not any(has_rep) and not any(has_additive):
+            (temperature, top_p, min_p, rep, presence, frequency), top_k_rows = _neutral(num_rows, str(device))
+        else:  # [6, S]: one host-to-device copy for every float field
+            float_table = torch.tensor(floats, dtype=torch.float32, device=device)
+            temperature, top_p, min_p, rep, presence, frequency = float_table.unbind(0)
+            top_k_rows = torch.tensor(top_k, dtype=torch.long, device=device)
         requested = [p.logprobs for p in params if p.logprobs is not None]
         seeded_rows = [i for i, (g, gen) in enumerate(zip(greedy, generators))
                        if not g and gen is not None]
@@ -119,7 +123,7 @@ class SamplingMetadata:
             grammar_rows=grammar_rows,
             grammar_bitmask=grammar_bitmask,
             temperature=temperature,
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_k=top_k_rows,
             top_p=top_p,
             min_p=min_p,
             repetition_penalty=rep,
@@ -149,6 +153,17 @@ class SamplingMetadata:
             suppress_token_index=_token_index(suppress_token_ids, device)
             if any(suppress_token_ids) else None,
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _neutral(num_rows: int, device: str) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The field tensors of ``num_rows`` greedy rows without penalties (temperature, top_p,
+    min_p, the three penalties; top_k), made once per row count: the sampler only reads them, and
+    an all-greedy step (one stream's every step) then makes no tensor here (two torch.tensor and
+    an unbind a step, each tens of us with the caches cold after the weights streamed through)."""
+    floats = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float32)
+    table = floats[:, None].expand(6, num_rows).contiguous().to(device)
+    return table.unbind(0), torch.zeros(num_rows, dtype=torch.long, device=device)
 
 
 def _token_index(token_lists: list[list[int]], device: torch.device | str) -> TokenIndex:

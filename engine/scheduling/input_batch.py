@@ -25,6 +25,7 @@ class InputBatch:
     sampling: list[ScheduledSequence]
     sample_positions: list[int]  # [S] the position of the token each row samples
     ordered: list[ScheduledSequence]  # every entry, in the order of the flat batch's rows
+    last_position: int = -1  # the largest of ``positions`` (-1: none)
 
 
 def build_input_batch(entries: list[ScheduledSequence], block_size: int, device: torch.device,
@@ -92,6 +93,7 @@ def build_input_batch(entries: list[ScheduledSequence], block_size: int, device:
         sampling=sampling,
         sample_positions=sample_positions,
         ordered=ordered,
+        last_position=max((e.start + e.num_new_tokens for e in ordered), default=0) - 1,
     )
 
 

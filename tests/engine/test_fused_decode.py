@@ -249,3 +249,13 @@ def test_gemma3_layers_fused_give_the_torch_paths_tokens(tiny_gemma3_d64_dir, dt
                      max_num_seqs=5)
     assert torch_path.engine.runner.fused_decode is None
     assert fused == [o.token_ids for o in torch_path.generate(prompts, params)]
+
+
+def test_a_batch_names_its_last_position_for_the_rotary_bound_without_a_tensor_reduction():
+    seqs = _sequences(lengths=(5, 37, 70))
+    entries = [_entry(seqs[0][0], seqs[0][1], 4, 1), _entry(seqs[2][0], seqs[2][1], 0, 70),
+               _entry(seqs[1][0], seqs[1][1], 36, 1)]
+    for fused in (False, True):
+        batch = build_input_batch(entries, BLOCK, torch.device("cpu"), False, fused_decode=fused)
+        assert batch.last_position == int(batch.positions.max()) == 69
+    assert build_input_batch([], BLOCK, torch.device("cpu"), False).last_position == -1

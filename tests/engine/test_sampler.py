@@ -351,3 +351,18 @@ def test_top_k_ties_at_the_kth_value_beyond_the_candidates_are_all_kept(monkeypa
     logits[0, :3] = torch.tensor([5.0, 4.0, 3.0])  # then 97 tokens tied at 0
     out = sampler_module._apply_top_k_top_p(logits, torch.tensor([5]), torch.tensor([1.0]))
     assert int(out.isfinite().sum()) == 100  # the 5th value (0) is shared by every other token
+
+
+def test_an_all_greedy_batchs_fields_are_what_the_general_path_writes_for_greedy_rows():
+    greedy = [SamplingParams(temperature=0.0, top_k=5, top_p=0.5, min_p=0.1) for _ in range(3)]
+    mixed = greedy + [SamplingParams(temperature=0.7, top_p=0.9)]
+
+    shared, general = build(greedy), build(mixed)
+
+    assert shared.all_greedy and not general.all_greedy
+    for field in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty"):
+        assert torch.equal(getattr(shared, field), getattr(general, field)[:3]), field
+    assert build(greedy).temperature is shared.temperature  # made once per row count
+    penalised = build([SamplingParams(temperature=0.0, repetition_penalty=1.3)])
+    assert penalised.repetition_penalty.tolist() == pytest.approx([1.3])
