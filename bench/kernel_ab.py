@@ -25,8 +25,6 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
 from bench import timing  # noqa: E402
 from engine import LLM  # noqa: E402
 from engine.kernels.cpu import cpu_info  # noqa: E402
@@ -88,10 +86,7 @@ def main() -> None:
     timing.start_decodes(engine, args.batch, args.context, args.steps + 8, "ab")
     times = timing.alternate(engine, [runner.fused_decode], {name: use(name) for name in builds},
                              args.steps)
-
-    print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
-          f"{torch.get_num_threads()} threads; medians in ms")
-    timing.print_medians(times, "build")
+    timing.print_medians(times, "build", args)
 
 
 if __name__ == "__main__":

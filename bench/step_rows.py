@@ -19,8 +19,6 @@ import types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
 from bench import timing  # noqa: E402
 from bench.machine import cpu_line  # noqa: E402
 from engine import LLM  # noqa: E402
@@ -54,9 +52,7 @@ def main() -> None:
     timing.start_decodes(engine, args.batch, args.context, args.steps + 8, "rows")
     times = timing.alternate(engine, [runner.fused_decode], {"torch": torch_ends, "native": native_ends},
                              args.steps)
-    print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
-          f"{torch.get_num_threads()} threads; medians in ms")
-    timing.print_medians(times, "step's ends")
+    timing.print_medians(times, "step's ends", args)
 
 
 if __name__ == "__main__":

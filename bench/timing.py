@@ -50,11 +50,15 @@ def start_decodes(engine, batch: int, context: int, max_tokens: int, tag: str) -
         engine.step()
 
 
-def print_medians(times: dict[str, dict[str, list[float]]], label: str) -> None:
-    """The medians (ms) of each way's fused call, LM head and step, then the second way's over the
-    first's."""
+def print_medians(times: dict[str, dict[str, list[float]]], label: str, args) -> None:
+    """The run's shape (``args`` of step_arguments), then the medians (ms) of each way's fused
+    call, LM head and step, then the second way's over the first's."""
     import statistics
 
+    import torch
+
+    print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
+          f"{torch.get_num_threads()} threads; medians in ms")
     order = list(times)
     print(f"{label:<14} {'fused call':>11} {'LM head':>9} {'step':>9}")
     med = {n: {p: statistics.median(v) * 1e3 for p, v in parts.items()} for n, parts in times.items()}

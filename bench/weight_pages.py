@@ -18,8 +18,6 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-
 from bench import timing  # noqa: E402
 from bench.machine import cpu_line  # noqa: E402
 from engine import LLM  # noqa: E402
@@ -69,9 +67,7 @@ def main() -> None:
     timing.start_decodes(engine, args.batch, args.context, args.steps + 8, "pages")
     times = timing.alternate(engine, fused.values(), {name: switch(name) for name in fused}, args.steps)
 
-    print(f"batch {args.batch}, context {args.context}+, {args.steps} steps alternated, "
-          f"{torch.get_num_threads()} threads; medians in ms")
-    timing.print_medians(times, "weights")
+    timing.print_medians(times, "weights", args)
 
 
 if __name__ == "__main__":
