@@ -207,7 +207,7 @@ class FusedDecode:
         return num_decode_rows > 0 and not (self.dense_rows and num_decode_rows >= self.dense_rows)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            meta: AttentionMetadata, window_slots: torch.Tensor | None = None,
+            meta: AttentionMetadata, window_slots: torch.Tensor | None = None, *,
             last_position: int | None = None) -> torch.Tensor:
         """The decode rows' ids, positions and cache slots [B] (long), their block tables and
         context lengths in ``meta`` -> final-norm hidden states [B, hidden] in the model's dtype.
@@ -221,7 +221,7 @@ class FusedDecode:
 
     def parts(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
               meta: AttentionMetadata, window_slots: torch.Tensor | None = None,
-              pause: Callable[[], bool] | None = None, last_position: int | None = None
+              pause: Callable[[], bool] | None = None, *, last_position: int | None = None
               ) -> Generator[None, None, torch.Tensor]:
         """``run`` as a generator that may stop between layers: a step of PAUSABLE_ROWS rows or
         more runs in PARTS parts, and before each part after the first ``pause()`` is asked; True

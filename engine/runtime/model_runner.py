@@ -372,10 +372,11 @@ class ModelRunner:
         window_slots = None if meta.window is None else meta.window.slot_mapping
         if every_row:
             return (yield from self.fused_decode.parts(ids, positions, meta.slot_mapping, meta,
-                                                       window_slots, pause, batch.last_position))
+                                                       window_slots, pause,
+                                                       last_position=batch.last_position))
         decoded = self.fused_decode.run(ids[n:], positions[n:], meta.slot_mapping[n:], meta,
                                         None if window_slots is None else window_slots[n:],
-                                        batch.last_position)
+                                        last_position=batch.last_position)
         if n == 0:
             return decoded
         head = self.model(ids[:n], positions[:n], self.kv_caches, meta.prefill_part())

@@ -58,13 +58,13 @@ def long_parts(monkeypatch):
     32-row step takes on 2 busy cores), the GIL released, before the worker looks at its queue."""
     parts = FusedDecode.parts
 
-    def slow_parts(self, input_ids, positions, slots, meta, window_slots=None, pause=None):
+    def slow_parts(self, input_ids, positions, slots, meta, window_slots=None, pause=None, **kwargs):
         def slow_pause() -> bool:
             time.sleep(0.02)
             return pause()
 
         return (yield from parts(self, input_ids, positions, slots, meta, window_slots,
-                                 None if pause is None else slow_pause))
+                                 None if pause is None else slow_pause, **kwargs))
 
     monkeypatch.setattr(FusedDecode, "parts", slow_parts)
 
