@@ -5,6 +5,7 @@ then staying cancelled. An engine client that holds each request open stands in 
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -13,7 +14,7 @@ from django.test import AsyncClient
 
 from webapp.keys.enforcement import apikey_background_count, apikey_running_requests
 from webapp.keys.services import apikey_create
-from webapp.openai_api import prompts, responses_views
+from webapp.openai_api import generation, prompts, responses_views
 from webapp.usage.models import UsageRecord
 from workers.protocol import Chunk
 
@@ -162,5 +163,41 @@ async def test_a_response_cancelled_before_its_generation_begins_is_recorded_abo
     record = await UsageRecord.objects.aget(request_id=queued["id"])
     assert (record.status, record.prompt_tokens, record.completion_tokens) == ("aborted", 0, 0)
     assert engine.closed == [] and engine.aborted == []
+    assert await sync_to_async(apikey_running_requests)(api_key=key) == 0
+    assert await sync_to_async(apikey_background_count)(api_key=key) == 0
+
+
+async def test_a_cancel_while_the_generation_is_being_prepared_leaves_one_record_aborted(api_key, engine, monkeypatch):
+    # The POST that started the response has ended; its generation is inside generation_prepare (a
+    # thread: tokenizing, reserving, writing the running record) when the cancel comes. The
+    # cancel's record must wait for that thread, not race it from another.
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real = generation.generation_prepare
+
+    def held_prepare(**kwargs):
+        entered.set()
+        release.wait(10)
+        try:
+            return real(**kwargs)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(generation, "generation_prepare", held_prepare)
+    key, raw = api_key
+    queued = await start(raw)
+    await asyncio.wait_for(asyncio.to_thread(entered.wait, 10), 15)
+    task = responses_views.BACKGROUND[queued["id"]]
+
+    cancelling = asyncio.create_task(call(raw, "post", f"/v1/responses/{queued['id']}/cancel"))
+    while not task.cancelling():
+        await asyncio.sleep(0.01)
+    release.set()
+    cancelled = await asyncio.wait_for(cancelling, 15)
+    await asyncio.wait_for(asyncio.to_thread(finished.wait, 10), 15)
+
+    assert cancelled.json()["status"] == "cancelled"
+    records = [r async for r in UsageRecord.objects.filter(request_id=queued["id"])]
+    assert [(r.status, r.completion_tokens) for r in records] == [("aborted", 0)]
+    assert engine.closed == []
     assert await sync_to_async(apikey_running_requests)(api_key=key) == 0
     assert await sync_to_async(apikey_background_count)(api_key=key) == 0

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
@@ -132,6 +132,16 @@ class ResponseCreateApi(ResponsesView):
 
 
 async def _background(response_id: str, api_key: ApiKey, values: dict, started: float) -> None:
+    """The generation of a background response, in a thread-sensitive context of its own: it
+    outlives the POST that started it, whose context (Django's, per request) ends with that POST,
+    and its database work must stay on one thread in order. On the POST's, the running record was
+    written in the POST's thread while a cancel's aborted record went to a new one, each unaware of
+    the other: two records, one running for good (CI caught it)."""
+    async with ThreadSensitiveContext():
+        await _generate_in_background(response_id, api_key, values, started)
+
+
+async def _generate_in_background(response_id: str, api_key: ApiKey, values: dict, started: float) -> None:
     try:
         try:
             await sync_to_async(response_start)(response_id=response_id)
