@@ -107,11 +107,12 @@ async def idle_and_flooded(site, model: str) -> tuple[float, float]:
 
 
 def test_a_flood_of_one_user_leaves_another_users_time_to_first_token_within_2x_of_idle(site):
-    """Up to three tries, each idle then flooded: under `make test`'s two workers the other one's
+    """Up to five tries, each idle then flooded: under `make test`'s two workers the other one's
     load can land on the flooded half only (2026-12-06: 27 ms idle, 56 ms flooded, twice in a row;
-    alone 28 and 29 ms). Without fair share B waits 1-1.3 s (the test below): every try fails."""
+    2026-12-08, a clean-clone CI: 26/60, 22/47 and 25/52 ms, three in a row; alone 28 and 29 ms).
+    Without fair share B waits 1-1.3 s (the test below): every try fails."""
     tries = []
-    for attempt in range(3):
+    for attempt in range(5):
         if attempt:
             time.sleep(2)  # the cancelled flood's streams end first
         idle, flooded = asyncio.run(idle_and_flooded(site, "fair"))
